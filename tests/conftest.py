@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny configs, a tiny sentencepiece model, a CLI runner that keeps stderr apart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tfm_cli.cli import app
+from tfm_cli.config import ModelConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MULTI30K_DIR = Path(os.environ.get("MULTI30K_DIR", REPO_ROOT.parent / "shared" / "data" / "multi30k"))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@dataclass
+class CliResult:
+    """What one CLI invocation produced."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(args: list[str], input: str | bytes | None = None) -> CliResult:
+    """Run `tfm ARGS` in-process (Typer's CliRunner), with stdout and stderr kept separate."""
+    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+def run_tfm_process(args: list[str], input: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `python -m tfm_cli ARGS` as a real process (for pipes, signals and import checks)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tfm_cli", *map(str, args)], input=input, capture_output=True, timeout=timeout
+    )
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A small model config that runs in milliseconds."""
+    values = dict(
+        src_vocab_size=40, tgt_vocab_size=40, d_model=32, n_heads=4, d_ff=64,
+        n_enc_layers=2, n_dec_layers=2, dropout=0.0, max_positions=128,
+    )
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The real Multi30k folder (../shared/data/multi30k, or $MULTI30K_DIR)."""
+    if not (MULTI30K_DIR / "val.de").is_file():
+        pytest.fail(f"Multi30k data not found in {MULTI30K_DIR}; set MULTI30K_DIR")
+    return MULTI30K_DIR
+
+
+@pytest.fixture(scope="session")
+def small_spm(tmp_path_factory, multi30k_dir) -> Path:
+    """A 500-piece joint sentencepiece model trained on Multi30k's validation set (~1 s)."""
+    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+
+    prefix = tmp_path_factory.mktemp("spm") / "joint"
+    return train_sentencepiece(
+        [multi30k_dir / "val.de", multi30k_dir / "val.en"], prefix, TokenizerTrainConfig(vocab_size=500)
+    )

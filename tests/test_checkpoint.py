@@ -1,0 +1,226 @@
+"""The checkpoint contract: bit-exact round trip, a fixed key list, and one clear error per bad file."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import run_cli, tiny_config
+from tfm_cli.checkpoint import (
+    Checkpoint,
+    encode_checkpoint,
+    load_model,
+    model_weights,
+    read_checkpoint,
+    save_model,
+    write_checkpoint,
+)
+from tfm_cli.model import Transformer
+from tfm_cli.tokenizer import Tokenizer
+
+
+@pytest.fixture
+def tokenizer(small_spm) -> Tokenizer:
+    return Tokenizer.from_file(small_spm)
+
+
+@pytest.fixture
+def saved(tmp_path, tokenizer):
+    """A checkpoint of a tiny shared-embedding model; returns (path, model)."""
+    torch.manual_seed(0)
+    config = tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, share_embeddings=True)
+    model = Transformer(config)
+    path = tmp_path / "model.safetensors"
+    save_model(path, model, tokenizer, tokenizer, provenance={"step": 7})
+    return path, model
+
+
+def test_round_trip_is_bit_exact_and_self_contained(saved, tokenizer):
+    path, model = saved
+    loaded = load_model(path)
+    for name, tensor in model_weights(model).items():
+        assert torch.equal(dict(loaded.model.named_parameters())[name], tensor), name
+    assert loaded.model.output_proj.weight is loaded.model.src_embed.weight  # re-tied on load
+    assert loaded.config == model.config
+    assert loaded.provenance == {"step": 7}
+    assert loaded.src_tokenizer.model_bytes == tokenizer.model_bytes
+    assert loaded.tgt_tokenizer.encode_ids("Ein Hund") == tokenizer.encode_ids("Ein Hund")
+    src = torch.tensor([[5, 6, 7, 3]])
+    tgt = torch.tensor([[2, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(src, tgt), model.eval()(src, tgt))
+
+
+def test_key_list_is_the_format(saved):
+    """Parameter names are part of the file format: changing them breaks every saved model."""
+    path, _ = saved
+    keys = set(read_checkpoint(path).weights)
+    layer0_encoder = {
+        "encoder_layers.0.self_attn.qkv_proj.weight", "encoder_layers.0.self_attn.qkv_proj.bias",
+        "encoder_layers.0.self_attn.out_proj.weight", "encoder_layers.0.self_attn.out_proj.bias",
+        "encoder_layers.0.self_attn_sublayer.norm.weight", "encoder_layers.0.self_attn_sublayer.norm.bias",
+        "encoder_layers.0.ffn.linear1.weight", "encoder_layers.0.ffn.linear1.bias",
+        "encoder_layers.0.ffn.linear2.weight", "encoder_layers.0.ffn.linear2.bias",
+        "encoder_layers.0.ffn_sublayer.norm.weight", "encoder_layers.0.ffn_sublayer.norm.bias",
+    }
+    layer0_decoder_extra = {
+        "decoder_layers.0.cross_attn.q_proj.weight", "decoder_layers.0.cross_attn.q_proj.bias",
+        "decoder_layers.0.cross_attn.kv_proj.weight", "decoder_layers.0.cross_attn.kv_proj.bias",
+        "decoder_layers.0.cross_attn.out_proj.weight", "decoder_layers.0.cross_attn.out_proj.bias",
+        "decoder_layers.0.cross_attn_sublayer.norm.weight", "decoder_layers.0.cross_attn_sublayer.norm.bias",
+    }
+    assert "src_embed.weight" in keys
+    assert layer0_encoder <= keys and layer0_decoder_extra <= keys
+    # 2 + 2 layers of 12 / 20 tensors, plus the one shared embedding.
+    assert len(keys) == 2 * 12 + 2 * 20 + 1
+
+
+def test_write_is_atomic_no_temp_files_left(saved, tmp_path):
+    path, _ = saved
+    write_checkpoint(path, read_checkpoint(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+def tokenize_with(path: Path):
+    """Any command that loads a checkpoint; tokenize encode reads its embedded tokenizer."""
+    return run_cli(["tokenize", "encode", "-m", path], input="Ein Hund\n")
+
+
+def assert_one_clear_error(result, *fragments):
+    assert result.exit_code == 1, result
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_good_checkpoint_works_through_the_cli(saved, tokenizer):
+    path, _ = saved
+    result = tokenize_with(path)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == " ".join(tokenizer.encode_pieces("Ein Hund")) + "\n"
+
+
+def test_missing_file(tmp_path):
+    assert_one_clear_error(tokenize_with(tmp_path / "nope.safetensors"), "no such file")
+
+
+def test_directory_instead_of_file(tmp_path):
+    folder = tmp_path / "dir.safetensors"
+    folder.mkdir()
+    assert_one_clear_error(tokenize_with(folder), "is a directory")
+
+
+def test_truncated(saved, tmp_path):
+    path, _ = saved
+    data = path.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_clear_error(tokenize_with(cut), "truncated", str(cut))
+
+
+def test_not_safetensors_and_empty(tmp_path):
+    text = tmp_path / "text.safetensors"
+    text.write_text("hello, I am not a checkpoint at all\n")
+    assert_one_clear_error(tokenize_with(text), "not a safetensors file")
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    assert_one_clear_error(tokenize_with(empty), "not a safetensors file")
+
+
+def test_pickle_is_refused_without_unpickling(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    evil = tmp_path / "evil.safetensors"
+    evil.write_bytes(pickle.dumps({"weights": Payload()}))
+    assert_one_clear_error(tokenize_with(evil), "not a safetensors file")
+    assert not marker.exists()
+
+
+def test_plain_safetensors_is_not_a_tfm_checkpoint(tmp_path):
+    plain = tmp_path / "plain.safetensors"
+    save_file({"weight": torch.zeros(2, 2)}, str(plain))
+    assert_one_clear_error(tokenize_with(plain), "not a tfm checkpoint")
+
+
+def rewrite(path: Path, out: Path, metadata_change=None, tensor_change=None) -> Path:
+    """Copy checkpoint `path` to `out` with edited metadata and/or tensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata())
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    if metadata_change:
+        metadata_change(metadata)
+    if tensor_change:
+        tensor_change(tensors)
+    save_file(tensors, str(out), metadata=metadata)
+    return out
+
+
+def test_unknown_format_version(saved, tmp_path):
+    path, _ = saved
+    bad = rewrite(path, tmp_path / "v99.safetensors", metadata_change=lambda m: m.update(format_version="99"))
+    assert_one_clear_error(tokenize_with(bad), "format version '99'")
+
+
+def test_missing_extra_and_misshaped_tensors(saved, tmp_path):
+    path, _ = saved
+    name = "decoder_layers.1.ffn.linear2.weight"
+    missing = rewrite(path, tmp_path / "missing.safetensors", tensor_change=lambda t: t.pop(name))
+    assert_one_clear_error(tokenize_with(missing), "lacks tensor", name)
+    extra = rewrite(path, tmp_path / "extra.safetensors", tensor_change=lambda t: t.update(bogus=torch.zeros(1)))
+    assert_one_clear_error(tokenize_with(extra), "unexpected tensor 'bogus'")
+
+    def reshape(tensors):
+        tensors[name] = torch.zeros(3, 3)
+
+    misshaped = rewrite(path, tmp_path / "shape.safetensors", tensor_change=reshape)
+    assert_one_clear_error(tokenize_with(misshaped), "has shape (3, 3)", name)
+
+
+def test_bad_config_in_metadata(saved, tmp_path):
+    path, _ = saved
+
+    def break_config(metadata):
+        config = json.loads(metadata["model_config"])
+        config["n_heads"] = 5
+        metadata["model_config"] = json.dumps(config)
+
+    bad = rewrite(path, tmp_path / "config.safetensors", metadata_change=break_config)
+    assert_one_clear_error(tokenize_with(bad), "bad model config", "divisible")
+
+
+def test_header_length_larger_than_file(tmp_path):
+    bad = tmp_path / "huge.safetensors"
+    bad.write_bytes(struct.pack("<Q", 10**6) + b"{}")
+    assert_one_clear_error(tokenize_with(bad), "not a safetensors file")
+
+
+def test_separate_target_tokenizer_is_kept(saved, tmp_path, tokenizer, multi30k_dir):
+    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+
+    other = Tokenizer.from_file(
+        train_sentencepiece([multi30k_dir / "val.en"], tmp_path / "en", TokenizerTrainConfig(vocab_size=300))
+    )
+    checkpoint = Checkpoint(
+        tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=300),
+        {}, tokenizer.model_bytes, other.model_bytes,
+    )
+    checkpoint.weights = model_weights(Transformer(checkpoint.config))
+    path = tmp_path / "two.safetensors"
+    path.write_bytes(encode_checkpoint(checkpoint))
+    loaded = load_model(path)
+    assert loaded.tgt_tokenizer.vocab_size == 300 and loaded.src_tokenizer.vocab_size == tokenizer.vocab_size

@@ -1,0 +1,46 @@
+"""The CLI shell: help without torch, version, unfinished commands refuse honestly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from tfm_cli import __version__
+
+SUBCOMMANDS = ["tokenize", "train", "average", "translate", "score", "inspect-attention"]
+
+
+def test_help_lists_every_subcommand_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from tfm_cli.cli import app\n"
+        "result = CliRunner().invoke(app, ['--help'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(result.stdout)\n"
+        "assert 'torch' not in sys.modules, 'tfm --help imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+
+
+def test_version():
+    result = run_cli(["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"tfm {__version__}"
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_help_with_examples(command):
+    result = run_cli([command, "--help"])
+    assert result.exit_code == 0, result.stderr
+    assert "Usage" in result.stdout
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "tfm_cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and __version__ in result.stdout

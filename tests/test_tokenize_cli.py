@@ -1,0 +1,108 @@
+"""`tfm tokenize` through the CLI on real text: train, encode, decode round trip, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_cli, run_tfm_process
+
+
+def test_train_encode_decode_round_trip_on_multi30k(tmp_path, multi30k_dir):
+    prefix = tmp_path / "spm"
+    result = run_cli(["tokenize", "train", multi30k_dir / "val.de", multi30k_dir / "val.en",
+                      "-o", prefix, "--vocab-size", "800", "--byte-fallback"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert "800 pieces" in result.stderr
+    assert (tmp_path / "spm.model").is_file() and (tmp_path / "spm.vocab").is_file()
+    model = tmp_path / "spm.model"
+    for name in ("test_2016_flickr.de", "test_2016_flickr.en"):
+        original = (multi30k_dir / name).read_text(encoding="utf-8")
+        for extra in ([], ["--ids"]):
+            encoded = run_cli(["tokenize", "encode", "-m", model, "-i", multi30k_dir / name, *extra])
+            assert encoded.exit_code == 0, encoded.stderr
+            assert encoded.stdout.count("\n") == original.count("\n")
+            decoded = run_cli(["tokenize", "decode", "-m", model, *extra], input=encoded.stdout)
+            assert decoded.exit_code == 0, decoded.stderr
+            assert decoded.stdout == original
+
+
+def test_special_ids_are_fixed(small_spm):
+    from tfm_cli.tokenizer import Tokenizer
+
+    processor = Tokenizer.from_file(small_spm).processor
+    assert (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()) == (0, 1, 2, 3)
+
+
+def test_empty_and_whitespace_lines_survive(small_spm):
+    text = "Ein Hund.\n\n  zwei  Leerzeichen \n\tTab\n"
+    encoded = run_cli(["tokenize", "encode", "-m", small_spm], input=text)
+    assert encoded.stdout.split("\n")[1] == ""
+    decoded = run_cli(["tokenize", "decode", "-m", small_spm], input=encoded.stdout)
+    assert decoded.stdout == text
+
+
+def test_crlf_input_gives_lf_lines(small_spm):
+    encoded = run_cli(["tokenize", "encode", "-m", small_spm], input=b"Ein Hund\r\nzwei\r\n")
+    assert encoded.stdout.count("\n") == 2 and "\r" not in encoded.stdout
+
+
+def test_user_symbol_stays_one_piece(tmp_path, multi30k_dir):
+    result = run_cli(["tokenize", "train", multi30k_dir / "val.en", "-o", tmp_path / "s",
+                      "--vocab-size", "300", "--user-symbol", "<sep>", "--model-type", "bpe"])
+    assert result.exit_code == 0, result.stderr
+    encoded = run_cli(["tokenize", "encode", "-m", tmp_path / "s.model"], input="a<sep>b\n")
+    assert "<sep>" in encoded.stdout.split()
+
+
+def test_bad_inputs_give_one_clear_line(tmp_path, small_spm):
+    cases = [
+        (["tokenize", "encode", "-m", tmp_path / "none.model"], None, "no such"),
+        (["tokenize", "encode", "-m", small_spm, "-i", tmp_path], None, "is a directory"),
+        (["tokenize", "encode", "-m", small_spm], b"ok\n\xff\xfe bad\n", "<stdin>:2: invalid UTF-8"),
+        (["tokenize", "decode", "-m", small_spm, "--ids"], "5 x 7\n", "not a piece id"),
+        (["tokenize", "decode", "-m", small_spm, "--ids"], "5 99999\n", "outside the vocabulary"),
+        (["tokenize", "train", tmp_path / "missing.txt", "-o", tmp_path / "x"], None, "no such file"),
+        (["tokenize", "train", small_spm, "-o", tmp_path / "x", "--model-type", "word"], None, "unigram"),
+    ]
+    for args, stdin, fragment in cases:
+        result = run_cli(args, input=stdin)
+        assert result.exit_code == 1, (args, result)
+        assert fragment in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_vocab_too_large_for_the_data(tmp_path):
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a b c\n")
+    result = run_cli(["tokenize", "train", tiny, "-o", tmp_path / "t", "--vocab-size", "5000"])
+    assert result.exit_code == 1
+    assert "sentencepiece training failed" in result.stderr
+    assert not Path(f"{tmp_path}/t.model").exists()
+
+
+def test_encode_into_closed_pipe_is_quiet(small_spm):
+    """`tfm tokenize encode | head -1`: no traceback when the reader goes away."""
+    import subprocess
+    import sys
+
+    lines = b"Ein Hund.\n" * 20000
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfm_cli", "tokenize", "encode", "-m", str(small_spm)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    process.stdin.write(b"Ein Hund.\n")
+    process.stdin.flush()
+    process.stdout.readline()  # the answer to the first line arrives before stdin closes
+    process.stdout.close()
+    _, stderr = process.communicate(lines, timeout=60)
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr
+    assert process.returncode in (0, 141)
+
+
+def test_ten_thousand_lines_through_a_pipe(small_spm):
+    lines = "".join(f"Satz {i}\n" for i in range(10000)).encode()
+    result = run_tfm_process(["tokenize", "encode", "-m", small_spm], input=lines)
+    assert result.returncode == 0
+    assert result.stdout.count(b"\n") == 10000

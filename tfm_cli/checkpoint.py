@@ -1,0 +1,231 @@
+"""The checkpoint contract: one self-contained .safetensors file, validated on load, written atomically.
+
+Layout (format version 1):
+  tensors   every model parameter under its `Transformer.named_parameters()` name (tied weights
+            stored once, under their first name), plus the sentencepiece model bytes as uint8
+            tensors `tokenizer.src` and, when the target side has its own model, `tokenizer.tgt`.
+  metadata  format="tfm-checkpoint", format_version="1", model_config (JSON of ModelConfig),
+            provenance (free-form JSON: step, recipe, averaged inputs, ...).
+Nothing here ever unpickles: files are read through safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from tfm_cli.config import ModelConfig, config_from_dict, config_to_dict
+from tfm_cli.errors import TfmError
+from tfm_cli.model import Transformer
+from tfm_cli.textio import atomic_write_bytes, check_input_file
+from tfm_cli.tokenizer import Tokenizer
+
+FORMAT_NAME = "tfm-checkpoint"
+FORMAT_VERSION = 1
+SRC_TOKENIZER_KEY = "tokenizer.src"
+TGT_TOKENIZER_KEY = "tokenizer.tgt"
+TOKENIZER_PREFIX = "tokenizer."
+HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's contents, validated, before (or without) building a model from it."""
+
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]  # parameter name -> tensor, exactly the model's parameters
+    src_tokenizer_bytes: bytes
+    tgt_tokenizer_bytes: bytes  # the same bytes as the source for a joint vocabulary
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with the tokenizers and provenance that came in its checkpoint."""
+
+    model: Transformer
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    provenance: dict[str, Any]
+
+    @property
+    def config(self) -> ModelConfig:
+        """The model's config."""
+        return self.model.config
+
+
+def model_weights(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's parameters by canonical name (tied weights once), detached, contiguous, on the CPU."""
+    return {name: param.detach().cpu().contiguous() for name, param in model.named_parameters()}
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The parameter names and shapes a model of `config` has (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """Serialise `checkpoint` to safetensors bytes (see the module docstring for the layout)."""
+    tensors = dict(checkpoint.weights)
+    tensors[SRC_TOKENIZER_KEY] = torch.frombuffer(bytearray(checkpoint.src_tokenizer_bytes), dtype=torch.uint8)
+    if checkpoint.tgt_tokenizer_bytes != checkpoint.src_tokenizer_bytes:
+        tensors[TGT_TOKENIZER_KEY] = torch.frombuffer(bytearray(checkpoint.tgt_tokenizer_bytes), dtype=torch.uint8)
+    metadata = {
+        "format": FORMAT_NAME,
+        "format_version": str(FORMAT_VERSION),
+        "model_config": json.dumps(config_to_dict(checkpoint.config), sort_keys=True),
+        "provenance": json.dumps(checkpoint.provenance, sort_keys=True),
+    }
+    return save(tensors, metadata=metadata)
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write `checkpoint` to `path` atomically (temp file in the same folder, fsync, rename)."""
+    atomic_write_bytes(Path(path), encode_checkpoint(checkpoint))
+
+
+def save_model(
+    path: Path,
+    model: Transformer,
+    src_tokenizer: Tokenizer,
+    tgt_tokenizer: Tokenizer,
+    provenance: dict[str, Any] | None = None,
+) -> None:
+    """Write a self-contained checkpoint of `model` and its tokenizers to `path` atomically."""
+    checkpoint = Checkpoint(
+        config=model.config,
+        weights=model_weights(model),
+        src_tokenizer_bytes=src_tokenizer.model_bytes,
+        tgt_tokenizer_bytes=tgt_tokenizer.model_bytes,
+        provenance=provenance or {},
+    )
+    write_checkpoint(path, checkpoint)
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """Read and check the safetensors JSON header of `path` without loading any tensor.
+
+    Returns the header dict. Raises TfmError if the file is too short, truncated, or not safetensors
+    (a pickle file lands here: its first bytes are no valid header length).
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise TfmError(f"{path}: not a safetensors file (only {size} bytes)")
+        (header_size,) = struct.unpack("<Q", prefix)
+        if header_size > HEADER_LIMIT or header_size > size - 8:
+            raise TfmError(f"{path}: not a safetensors file, or truncated (bad header length)")
+        try:
+            header = json.loads(f.read(header_size))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise TfmError(f"{path}: not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise TfmError(f"{path}: not a safetensors file (header is not a JSON object)")
+    data_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            data_end = max(data_end, int(info["data_offsets"][1]))
+        except (TypeError, KeyError, IndexError, ValueError):
+            raise TfmError(f"{path}: not a safetensors file (bad entry for {name!r})") from None
+    if 8 + header_size + data_end > size:
+        raise TfmError(
+            f"{path}: truncated checkpoint ({size} bytes, the header promises {8 + header_size + data_end}); "
+            "use an earlier checkpoint"
+        )
+    return header
+
+
+def read_checkpoint(path: Path | str) -> Checkpoint:
+    """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file."""
+    path = check_input_file(path, "checkpoint")
+    header = read_header(path)
+    metadata = header.get("__metadata__") or {}
+    if metadata.get("format") != FORMAT_NAME:
+        raise TfmError(f"{path}: a safetensors file, but not a tfm checkpoint (no format={FORMAT_NAME!r} metadata)")
+    version = metadata.get("format_version")
+    if version != str(FORMAT_VERSION):
+        raise TfmError(
+            f"{path}: checkpoint format version {version!r} is not supported (this tfm reads version "
+            f"{FORMAT_VERSION}); convert it or use a matching tfm release"
+        )
+    try:
+        config_values = json.loads(metadata["model_config"])
+        provenance = json.loads(metadata.get("provenance", "{}"))
+    except (KeyError, json.JSONDecodeError):
+        raise TfmError(f"{path}: damaged checkpoint metadata (model_config or provenance is not JSON)") from None
+    try:
+        config = config_from_dict(ModelConfig, config_values, "model")
+    except TfmError as error:
+        raise TfmError(f"{path}: bad model config in checkpoint: {error}") from None
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise TfmError(f"{path}: unreadable safetensors data ({error})") from None
+    if SRC_TOKENIZER_KEY not in tensors:
+        raise TfmError(f"{path}: checkpoint has no embedded tokenizer ({SRC_TOKENIZER_KEY})")
+    src_bytes = tensors.pop(SRC_TOKENIZER_KEY).numpy().tobytes()
+    tgt_tensor = tensors.pop(TGT_TOKENIZER_KEY, None)
+    tgt_bytes = src_bytes if tgt_tensor is None else tgt_tensor.numpy().tobytes()
+    check_weights(path, config, tensors)
+    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance)
+
+
+def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    """Raise TfmError naming the first missing, unexpected, mis-shaped or non-float tensor."""
+    expected = expected_shapes(config)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise TfmError(f"{path}: checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing in all)")
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise TfmError(f"{path}: checkpoint has unexpected tensor {extra[0]!r} ({len(extra)} unexpected in all)")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise TfmError(
+                f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, the config needs {shape}"
+            )
+        if not weights[name].is_floating_point():
+            raise TfmError(f"{path}: tensor {name!r} has dtype {weights[name].dtype}, expected floating point")
+
+
+def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Transformer:
+    """A Transformer with the checkpoint's weights (float32), in eval mode, on `device`."""
+    model = Transformer(checkpoint.config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(checkpoint.weights[name].to(torch.float32))
+    return model.to(device).eval()
+
+
+def load_model(path: Path | str, device: str | torch.device = "cpu") -> LoadedModel:
+    """Read, validate and build: the one call translate, score and inspect-attention need."""
+    checkpoint = read_checkpoint(path)
+    src_tokenizer = Tokenizer(checkpoint.src_tokenizer_bytes, origin=f"{path} (source tokenizer)")
+    tgt_tokenizer = (
+        src_tokenizer
+        if checkpoint.tgt_tokenizer_bytes == checkpoint.src_tokenizer_bytes
+        else Tokenizer(checkpoint.tgt_tokenizer_bytes, origin=f"{path} (target tokenizer)")
+    )
+    check_vocab_sizes(path, checkpoint.config, src_tokenizer, tgt_tokenizer)
+    return LoadedModel(build_model(checkpoint, device), src_tokenizer, tgt_tokenizer, checkpoint.provenance)
+
+
+def check_vocab_sizes(path: Path | str, config: ModelConfig, src: Tokenizer, tgt: Tokenizer) -> None:
+    """Raise TfmError if the tokenizers do not match the model's vocabulary sizes."""
+    if src.vocab_size != config.src_vocab_size or tgt.vocab_size != config.tgt_vocab_size:
+        raise TfmError(
+            f"{path}: tokenizer vocab sizes ({src.vocab_size}, {tgt.vocab_size}) do not match the model's "
+            f"({config.src_vocab_size}, {config.tgt_vocab_size})"
+        )

@@ -1,0 +1,97 @@
+"""The root Typer app: registers the subcommands and turns user errors into one red line on stderr.
+
+Nothing here (or in tfm_cli/commands at import time) imports torch, so `tfm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from typer.core import TyperGroup
+
+from tfm_cli import __version__
+from tfm_cli.commands import average, inspect_attention, score, tokenize, train, translate
+from tfm_cli.console import print_error
+from tfm_cli.errors import TfmError
+
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # what a Unix tool killed by SIGPIPE reports: `tfm ... | head` stays quiet
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class TfmGroup(TyperGroup):
+    """A Typer group that maps TfmError, Ctrl-C and a closed stdout to clean exits (no traceback)."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except TfmError as error:
+            print_error(str(error))
+            raise typer.Exit(EXIT_USER_ERROR) from None
+        except KeyboardInterrupt:
+            print_error("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            silence_stdout()
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+app = typer.Typer(
+    cls=TfmGroup,
+    name="tfm",
+    help=(
+        "tfm: neural machine translation with the Transformer, from the shell.\n\n"
+        "Tokenize parallel text, train, average checkpoints, translate, score and inspect the "
+        "attention alignments. Data goes to stdout, messages to stderr; `-` means stdin/stdout."
+    ),
+    epilog=(
+        "Examples:\n\n"
+        "  tfm tokenize train train.de train.en -o spm --vocab-size 8000\n\n"
+        "  tfm train recipes/quickstart/recipe.toml --run runs/quick\n\n"
+        "  cat test.de | tfm translate -m runs/quick/checkpoint_best.safetensors > hyp.en"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def show_version(value: bool) -> None:
+    """Print the version and exit (eager --version option)."""
+    if value:
+        typer.echo(f"tfm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=show_version, is_eager=True, help="Print the tfm version and exit."
+    ),
+) -> None:
+    """tfm: neural machine translation with the Transformer, from the shell."""
+
+
+app.add_typer(tokenize.app, name="tokenize")
+app.command("train", epilog=train.EPILOG)(train.train)
+app.command("average", epilog=average.EPILOG)(average.average)
+app.command("translate", epilog=translate.EPILOG)(translate.translate)
+app.command("score", epilog=score.EPILOG)(score.score)
+app.command("inspect-attention", epilog=inspect_attention.EPILOG)(inspect_attention.inspect_attention)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,161 @@
+"""`tfm tokenize train|encode|decode`: sentencepiece models with tfm's fixed special ids, as a Unix filter."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import List
+
+import typer
+
+from tfm_cli.console import print_info, stderr_console
+from tfm_cli.errors import TfmError
+
+app = typer.Typer(
+    help="Train sentencepiece models and encode/decode text with them (line for line).",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+TRAIN_EPILOG = (
+    "Examples:\n\n"
+    "  tfm tokenize train train.de train.en -o spm --vocab-size 8000      \n\n"
+    "  tfm tokenize train train.de -o spm.de --model-type bpe --vocab-size 8000\n\n"
+    "  cat extra.txt | tfm tokenize train - -o spm --user-symbol '<sep>'"
+)
+ENCODE_EPILOG = (
+    "Examples:\n\n"
+    "  tfm tokenize encode -m spm.model < train.de > train.pieces.de\n\n"
+    "  echo 'Ein Mann fährt Fahrrad.' | tfm tokenize encode -m spm.model --ids\n\n"
+    "  tfm tokenize encode -m model.safetensors --side tgt -i ref.en"
+)
+DECODE_EPILOG = (
+    "Examples:\n\n"
+    "  tfm tokenize decode -m spm.model < hyp.pieces > hyp.txt\n\n"
+    "  tfm tokenize encode -m spm.model --ids < a.txt | tfm tokenize decode -m spm.model --ids"
+)
+
+MODEL_HELP = "A sentencepiece .model from `tfm tokenize train`, or a tfm checkpoint (.safetensors)."
+SIDE_HELP = "With a checkpoint: which side's tokenizer to use (src or tgt)."
+
+
+def load_tokenizer(model: str, side: str):
+    """Load a Tokenizer from a .model file, or from a checkpoint's embedded bytes for `side`."""
+    from tfm_cli.tokenizer import Tokenizer
+
+    if side not in ("src", "tgt"):
+        raise TfmError(f"--side must be 'src' or 'tgt', got {side!r}")
+    if model.endswith(".safetensors"):
+        from tfm_cli.checkpoint import read_checkpoint
+
+        checkpoint = read_checkpoint(model)
+        data = checkpoint.src_tokenizer_bytes if side == "src" else checkpoint.tgt_tokenizer_bytes
+        return Tokenizer(data, origin=f"{model} ({side} tokenizer)")
+    return Tokenizer.from_file(Path(model))
+
+
+@app.command("train", epilog=TRAIN_EPILOG)
+def train(
+    inputs: List[str] = typer.Argument(..., help="Text files to learn from (several = joint vocabulary); `-` = stdin."),
+    output: str = typer.Option(..., "-o", "--output", help="Output prefix: writes PREFIX.model and PREFIX.vocab."),
+    vocab_size: int = typer.Option(8000, "--vocab-size", help="Number of pieces, the 4 special ones included."),
+    model_type: str = typer.Option("unigram", "--model-type", help="unigram or bpe."),
+    character_coverage: float = typer.Option(1.0, "--character-coverage", help="Share of characters covered (1.0 for Latin scripts, ~0.9995 for CJK)."),
+    user_symbols: List[str] = typer.Option([], "--user-symbol", help="A symbol kept as one piece (repeatable)."),
+    byte_fallback: bool = typer.Option(False, "--byte-fallback", help="Spell unknown characters as UTF-8 bytes instead of <unk>."),
+    normalization: str = typer.Option("identity", "--normalization", help="identity (lossless: decode inverts encode) or nmt_nfkc."),
+    input_sentence_size: int = typer.Option(0, "--max-sentences", help="Sample at most this many sentences (0 = all)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show sentencepiece's own training log."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
+) -> None:
+    """Train a sentencepiece model (ids fixed: pad=0 unk=1 bos=2 eos=3)."""
+    from tfm_cli.tokenizer import TokenizerTrainConfig, Tokenizer, train_sentencepiece
+
+    config = TokenizerTrainConfig(
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        user_defined_symbols=tuple(user_symbols),
+        byte_fallback=byte_fallback,
+        normalization=normalization,
+        input_sentence_size=input_sentence_size,
+    )
+    prefix = Path(output)
+    with tempfile.TemporaryDirectory(prefix="tfm-tokenize-") as tmp:
+        paths = []
+        for name in inputs:
+            if name == "-":
+                copy = Path(tmp) / "stdin.txt"
+                with open(copy, "wb") as f:
+                    shutil.copyfileobj(sys.stdin.buffer, f)
+                paths.append(copy)
+            else:
+                paths.append(Path(name))
+        console = stderr_console(quiet=quiet)
+        with console.status(f"training a {model_type} sentencepiece model ({vocab_size} pieces)"):
+            model_path = train_sentencepiece(paths, prefix, config, verbose=verbose)
+    tokenizer = Tokenizer.from_file(model_path)
+    print_info(f"wrote {model_path} and {prefix}.vocab: {tokenizer.vocab_size} pieces", quiet=quiet)
+
+
+@app.command("encode", epilog=ENCODE_EPILOG)
+def encode(
+    model: str = typer.Option(..., "-m", "--model", help=MODEL_HELP),
+    input: str = typer.Option("-", "-i", "--input", help="Raw text, one sentence per line; `-` = stdin."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
+    ids: bool = typer.Option(False, "--ids", help="Write piece ids instead of pieces."),
+    side: str = typer.Option("src", "--side", help=SIDE_HELP),
+) -> None:
+    """Split raw text into pieces (or ids), line for line; empty lines stay empty."""
+    from tfm_cli.textio import iter_lines, open_output
+
+    tokenizer = load_tokenizer(model, side)
+    interactive = input == "-"
+    with open_output(output) as out:
+        for line in iter_lines(input):
+            tokens = tokenizer.encode_ids(line) if ids else tokenizer.encode_pieces(line)
+            out.write(" ".join(map(str, tokens)) + "\n")
+            if interactive:
+                out.flush()
+
+
+@app.command("decode", epilog=DECODE_EPILOG)
+def decode(
+    model: str = typer.Option(..., "-m", "--model", help=MODEL_HELP),
+    input: str = typer.Option("-", "-i", "--input", help="Space-separated pieces (or ids), one line each; `-` = stdin."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
+    ids: bool = typer.Option(False, "--ids", help="Read piece ids instead of pieces."),
+    side: str = typer.Option("src", "--side", help=SIDE_HELP),
+) -> None:
+    """Join pieces (or ids) back into text, line for line: the exact inverse of encode."""
+    from tfm_cli.textio import iter_lines, open_output
+
+    tokenizer = load_tokenizer(model, side)
+    name = "<stdin>" if input == "-" else input
+    interactive = input == "-"
+    with open_output(output) as out:
+        for number, line in enumerate(iter_lines(input), start=1):
+            # Pieces never contain a plain space (sentencepiece writes it as U+2581), so split on ' ' only.
+            tokens = line.split(" ") if line else []
+            if ids:
+                text = tokenizer.decode_ids(parse_ids(tokens, tokenizer.vocab_size, name, number))
+            else:
+                text = tokenizer.decode_pieces(tokens)
+            out.write(text + "\n")
+            if interactive:
+                out.flush()
+
+
+def parse_ids(tokens: list[str], vocab_size: int, name: str, number: int) -> list[int]:
+    """Parse piece ids, raising TfmError with file and line for a non-integer or out-of-range id."""
+    values = []
+    for token in tokens:
+        if not token.isdigit():
+            raise TfmError(f"{name}:{number}: {token!r} is not a piece id (decode --ids expects integers)")
+        value = int(token)
+        if value >= vocab_size:
+            raise TfmError(f"{name}:{number}: id {value} is outside the vocabulary (size {vocab_size})")
+        values.append(value)
+    return values

@@ -1,0 +1,16 @@
+"""THE model package: every subcommand builds, loads and runs the Transformer from here."""
+
+from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention
+from tfm_cli.model.transformer import Decoded, DecoderState, Encoded, StepOutput, Transformer, count_parameters
+
+__all__ = [
+    "CrossAttention",
+    "Decoded",
+    "DecoderState",
+    "Encoded",
+    "KeyValueCache",
+    "SelfAttention",
+    "StepOutput",
+    "Transformer",
+    "count_parameters",
+]

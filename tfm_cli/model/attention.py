@@ -1,0 +1,172 @@
+"""Multi-head attention (section 3.2): fused projections, SDPA fast path, a weights-returning path.
+
+Mask convention, used everywhere in tfm: masks are bool and True means "may attend"
+(the convention of torch.nn.functional.scaled_dot_product_attention). A key padding mask has
+shape (B, S) and is True at real tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class KeyValueCache:
+    """Keys and values kept between decoding steps: (B, H, T, Dh) each, or None before the first step."""
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep batch rows `indices` (B',) in this order: reorders beams and drops finished ones."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, indices)
+            self.values = self.values.index_select(0, indices)
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, D) -> (B, H, T, Dh)."""
+    batch, length, d_model = x.shape
+    # (B, T, D) -> (B, T, H, Dh) -> (B, H, T, Dh)
+    return x.view(batch, length, n_heads, d_model // n_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, Dh) -> (B, T, D): the concatenation of the heads before W^O."""
+    batch, n_heads, length, head_dim = x.shape
+    # (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D)
+    return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)
+
+
+def attention_weights(
+    queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d_k)) with masked positions set to exactly 0.
+
+    queries: (B, H, T, Dh), keys: (B, H, S, Dh), mask: broadcastable to (B, H, T, S), True = attend.
+    Returns (B, H, T, S) float weights; each unmasked row sums to 1.
+    """
+    # Section 3.2.1: scale by 1/sqrt(d_k) so large d_k does not push softmax into tiny gradients.
+    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.size(-1))  # (B, H, T, S)
+    if is_causal:
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def attend(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scaled dot-product attention over heads.
+
+    queries (B, H, T, Dh), keys/values (B, H, S, Dh), mask broadcastable to (B, H, T, S).
+    Returns (output (B, H, T, Dh), weights (B, H, T, S) or None). Without `need_weights` it runs
+    torch's fused kernel; with it, the explicit formula, which gives the same output.
+    """
+    if not need_weights:
+        output = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=is_causal
+        )
+        return output, None
+    weights = attention_weights(queries, keys, mask, is_causal)
+    return F.dropout(weights, dropout, training=dropout > 0) @ values, weights
+
+
+def init_fused_projection(linear: nn.Linear, n_parts: int) -> None:
+    """Xavier-uniform init of a fused projection as if its n_parts (D, D) slices were separate layers."""
+    for part in linear.weight.chunk(n_parts, dim=0):
+        nn.init.xavier_uniform_(part)
+    nn.init.zeros_(linear.bias)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with ONE fused Q, K, V projection (sliced after one matmul)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        init_fused_projection(self.qkv_proj, 3)
+        init_fused_projection(self.out_proj, 1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: KeyValueCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, D). Returns (output (B, T, D), weights (B, H, T, T') or None).
+
+        With `cache`, x holds only the new step(s): their keys/values are appended to the cache and
+        the queries attend to everything cached, so no causal mask is needed.
+        """
+        queries, keys, values = self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
+        queries, keys, values = (split_heads(t, self.n_heads) for t in (queries, keys, values))
+        if cache is not None:
+            if cache.keys is not None:
+                keys = torch.cat([cache.keys, keys], dim=2)  # (B, H, t + T, Dh)
+                values = torch.cat([cache.values, values], dim=2)
+            cache.keys, cache.values = keys, values
+        dropout = self.dropout if self.training else 0.0
+        output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights)
+        return self.out_proj(merge_heads(output)), weights
+
+
+class CrossAttention(nn.Module):
+    """Encoder-decoder attention: Q from the decoder, K and V from ONE fused projection of the memory."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        init_fused_projection(self.q_proj, 1)
+        init_fused_projection(self.kv_proj, 2)
+        init_fused_projection(self.out_proj, 1)
+
+    def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory: (B, S, D) -> keys, values: (B, H, S, Dh) each (computed once per sentence)."""
+        keys, values = self.kv_proj(memory).chunk(2, dim=-1)  # 2 x (B, S, D)
+        return split_heads(keys, self.n_heads), split_heads(values, self.n_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        cache: KeyValueCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, D), memory: (B, S, D), mask: (B, 1, 1, S). Returns ((B, T, D), (B, H, T, S) or None).
+
+        With a filled `cache`, the memory's keys/values come from it and `memory` may be None.
+        """
+        if cache is not None and cache.keys is not None:
+            keys, values = cache.keys, cache.values
+        else:
+            keys, values = self.project_memory(memory)
+            if cache is not None:
+                cache.keys, cache.values = keys, values
+        queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        dropout = self.dropout if self.training else 0.0
+        output, weights = attend(queries, keys, values, mask, False, dropout, need_weights)
+        return self.out_proj(merge_heads(output)), weights

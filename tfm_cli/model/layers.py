@@ -1,0 +1,124 @@
+"""The building blocks of section 3: positional encoding, position-wise FFN, encoder and decoder layers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfm_cli.config import ModelConfig
+from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention
+
+
+def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...). Returns (P, D)."""
+    positions = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    frequencies = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )  # (D/2,)
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(positions * frequencies)
+    table[:, 1::2] = torch.cos(positions * frequencies[: d_model // 2])
+    return table
+
+
+class FeedForward(nn.Module):
+    """Section 3.3: max(0, x W1 + b1) W2 + b2 (or GELU), the same weights at every position."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = F.relu if activation == "relu" else F.gelu
+        self.activation_dropout = nn.Dropout(activation_dropout)
+        for linear in (self.linear1, self.linear2):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, T, D) -> (B, T, D)."""
+        return self.linear2(self.activation_dropout(self.activation(self.linear1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual connection with LayerNorm around one sublayer (section 3.1's "Add & Norm").
+
+    Post-norm (the paper): LayerNorm(x + Dropout(f(x))). Pre-norm: x + Dropout(f(LayerNorm(x))).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
+
+    def before(self, x: torch.Tensor) -> torch.Tensor:
+        """The sublayer's input: normalised first in pre-norm, unchanged in post-norm."""
+        return self.norm(x) if self.norm_first else x
+
+    def after(self, x: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        """Add the residual (and normalise, in post-norm)."""
+        y = x + self.dropout(sublayer_output)
+        return y if self.norm_first else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention -> Add & Norm -> FFN -> Add & Norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config.d_model, config.n_heads, config.attention_dropout)
+        self.self_attn_sublayer = Sublayer(config)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.activation, config.activation_dropout)
+        self.ffn_sublayer = Sublayer(config)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, S, D), mask: (B, 1, 1, S). Returns ((B, S, D), self-attention (B, H, S, S) or None)."""
+        attended, weights = self.self_attn(self.self_attn_sublayer.before(x), mask=mask, need_weights=need_weights)
+        x = self.self_attn_sublayer.after(x, attended)
+        x = self.ffn_sublayer.after(x, self.ffn(self.ffn_sublayer.before(x)))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention -> Add & Norm -> cross-attention -> Add & Norm -> FFN -> Add & Norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config.d_model, config.n_heads, config.attention_dropout)
+        self.self_attn_sublayer = Sublayer(config)
+        self.cross_attn = CrossAttention(config.d_model, config.n_heads, config.attention_dropout)
+        self.cross_attn_sublayer = Sublayer(config)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.activation, config.activation_dropout)
+        self.ffn_sublayer = Sublayer(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        memory_mask: torch.Tensor,
+        self_cache: KeyValueCache | None = None,
+        cross_cache: KeyValueCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """x: (B, T, D), memory: (B, S, D), memory_mask: (B, 1, 1, S).
+
+        Returns (output (B, T, D), self-attention (B, H, T, T') or None, cross-attention (B, H, T, S)
+        or None). Without caches the self-attention is causal over x; with caches x holds only new
+        steps, which may attend to all cached ones.
+        """
+        is_causal = self_cache is None and x.size(1) > 1
+        attended, self_weights = self.self_attn(
+            self.self_attn_sublayer.before(x), is_causal=is_causal, cache=self_cache, need_weights=need_weights
+        )
+        x = self.self_attn_sublayer.after(x, attended)
+        attended, cross_weights = self.cross_attn(
+            self.cross_attn_sublayer.before(x), memory, memory_mask, cache=cross_cache, need_weights=need_weights
+        )
+        x = self.cross_attn_sublayer.after(x, attended)
+        x = self.ffn_sublayer.after(x, self.ffn(self.ffn_sublayer.before(x)))
+        return x, self_weights, cross_weights

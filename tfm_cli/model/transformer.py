@@ -1,0 +1,182 @@
+"""The encoder-decoder Transformer: embeddings, encoder, decoder, output projection, incremental decoding.
+
+Read top to bottom: Transformer.encode -> Transformer.decode (training, full target) or
+Transformer.start_decoding + Transformer.decode_step (inference, one token at a time with a cache).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from tfm_cli.config import ModelConfig
+from tfm_cli.errors import TfmError
+from tfm_cli.model.attention import KeyValueCache
+from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
+
+
+@dataclass
+class Encoded:
+    """The encoder's output: the memory Z and which source positions are real."""
+
+    memory: torch.Tensor  # (B, S, D)
+    src_mask: torch.Tensor  # (B, S) bool, True at real tokens
+    self_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, S, S), if asked
+
+
+@dataclass
+class Decoded:
+    """The decoder's output over a whole target prefix."""
+
+    hidden: torch.Tensor  # (B, T, D), before the output projection
+    self_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, T, T), if asked
+    cross_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, T, S), if asked
+
+
+@dataclass
+class DecoderState:
+    """Everything incremental decoding keeps between steps, for a batch of B hypotheses."""
+
+    memory_mask: torch.Tensor  # (B, 1, 1, S) bool
+    self_caches: list[KeyValueCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
+    cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (B, H, S, Dh), fixed
+    position: int = 0  # number of target tokens decoded so far
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep hypotheses `indices` (B',) int64, in that order: beam reordering and dropping finished rows."""
+        self.memory_mask = self.memory_mask.index_select(0, indices)
+        for cache in (*self.self_caches, *self.cross_caches):
+            cache.select(indices)
+
+    @property
+    def batch_size(self) -> int:
+        """The number of hypotheses B the state currently holds."""
+        return self.memory_mask.size(0)
+
+
+@dataclass
+class StepOutput:
+    """One decoding step's result."""
+
+    logits: torch.Tensor  # (B, V) for the next token
+    cross_attention: list[torch.Tensor] | None  # per layer (B, H, S), if asked
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer of "Attention Is All You Need" (batch-first)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d_model = config.d_model
+        self.src_embed = nn.Embedding(config.src_vocab_size, d_model, padding_idx=config.pad_id)
+        if config.share_embeddings:
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = nn.Embedding(config.tgt_vocab_size, d_model, padding_idx=config.pad_id)
+        for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
+            # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
+            nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
+            nn.init.zeros_(embedding.weight[config.pad_id])
+        self.register_buffer("positions", sinusoidal_table(config.max_positions, d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_enc_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_dec_layers))
+        # Pre-norm leaves the residual stream unnormalised, so it needs one final LayerNorm per stack.
+        self.encoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        self.decoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        self.output_proj = nn.Linear(d_model, config.tgt_vocab_size, bias=False)
+        if config.share_embeddings or config.tie_output:
+            self.output_proj.weight = self.tgt_embed.weight
+        else:
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=d_model**-0.5)
+
+    def embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """tokens: (B, T) -> (B, T, D): embedding * sqrt(d_model) (section 3.4) + positional encoding."""
+        length = tokens.size(1)
+        if start + length > self.config.max_positions:
+            raise TfmError(
+                f"a sequence of {start + length} tokens exceeds the model's max_positions={self.config.max_positions}; "
+                "shorten the input"
+            )
+        x = embedding(tokens) * math.sqrt(self.config.d_model)
+        return self.embed_dropout(x + self.positions[start : start + length])
+
+    def encode(self, src: torch.Tensor, need_weights: bool = False) -> Encoded:
+        """src: (B, S) int64, padded with pad_id. Returns the memory (B, S, D) and src mask (B, S)."""
+        src_mask = src != self.config.pad_id  # (B, S)
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S): every query may see the real keys
+        x = self.embed(self.src_embed, src)
+        weights = []
+        for layer in self.encoder_layers:
+            x, layer_weights = layer(x, attn_mask, need_weights=need_weights)
+            if need_weights:
+                weights.append(layer_weights)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return Encoded(memory=x, src_mask=src_mask, self_attention=weights)
+
+    def decode(self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False) -> Decoded:
+        """Teacher-forced decoding of a whole prefix. tgt_in: (B, T) int64, starting with BOS.
+
+        Returns hidden states (B, T, D); apply `project` for logits. Target padding needs no
+        mask: padding sits at the end, and the causal mask already hides later positions.
+        """
+        memory_mask = encoded.src_mask[:, None, None, :]  # (B, 1, 1, S)
+        x = self.embed(self.tgt_embed, tgt_in)
+        self_weights, cross_weights = [], []
+        for layer in self.decoder_layers:
+            x, layer_self, layer_cross = layer(x, encoded.memory, memory_mask, need_weights=need_weights)
+            if need_weights:
+                self_weights.append(layer_self)
+                cross_weights.append(layer_cross)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return Decoded(hidden=x, self_attention=self_weights, cross_attention=cross_weights)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., D) -> logits (..., V) over the target vocabulary."""
+        return self.output_proj(hidden)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """src: (B, S), tgt_in: (B, T) int64 -> logits (B, T, V)."""
+        return self.project(self.decode(tgt_in, self.encode(src)).hidden)
+
+    def start_decoding(self, encoded: Encoded) -> DecoderState:
+        """Prepare incremental decoding: computes every layer's cross-attention keys/values once."""
+        cross_caches = []
+        for layer in self.decoder_layers:
+            keys, values = layer.cross_attn.project_memory(encoded.memory)
+            cross_caches.append(KeyValueCache(keys, values))
+        return DecoderState(
+            memory_mask=encoded.src_mask[:, None, None, :],
+            self_caches=[KeyValueCache() for _ in self.decoder_layers],
+            cross_caches=cross_caches,
+        )
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState, need_weights: bool = False) -> StepOutput:
+        """Feed one token per hypothesis. tokens: (B,) int64, the previous output (BOS at step 0).
+
+        Appends this step's self-attention keys/values to `state` and returns next-token logits
+        (B, V), plus the cross-attention of every layer (B, H, S) when `need_weights`.
+        """
+        x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)  # (B, 1, D)
+        cross_weights = []
+        for layer, self_cache, cross_cache in zip(self.decoder_layers, state.self_caches, state.cross_caches):
+            x, _, layer_cross = layer(
+                x, None, state.memory_mask, self_cache=self_cache, cross_cache=cross_cache, need_weights=need_weights
+            )
+            if need_weights:
+                cross_weights.append(layer_cross[:, :, 0])  # (B, H, 1, S) -> (B, H, S)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        state.position += 1
+        return StepOutput(logits=self.project(x[:, 0]), cross_attention=cross_weights if need_weights else None)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of distinct trainable parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,146 @@
+"""Files and streams: `-` for stdin/stdout, UTF-8 line reading with clear errors, atomic writes.
+
+Every command that takes a path goes through here, so `-`, CRLF handling, invalid UTF-8 and
+"no half-written output file" behave the same everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tfm_cli.errors import TfmError
+
+STDIO = "-"
+
+
+def check_input_file(path: str | Path, what: str = "input") -> Path:
+    """Return `path` as a Path if it is a readable regular file; raise TfmError saying what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise TfmError(f"{path}: no such file ({what})")
+    if path.is_dir():
+        raise TfmError(f"{path}: is a directory, expected a file ({what})")
+    if not os.access(path, os.R_OK):
+        raise TfmError(f"{path}: permission denied ({what})")
+    return path
+
+
+@dataclass
+class DecodeStats:
+    """Counts what lenient reading had to repair."""
+
+    invalid_utf8_lines: int = 0
+
+
+def open_binary_input(path: str) -> IO[bytes]:
+    """Open `path` (or stdin for `-`) for binary reading."""
+    if path == STDIO:
+        return sys.stdin.buffer
+    return open(check_input_file(path), "rb")
+
+
+def iter_lines(
+    path: str, strict_utf8: bool = True, stats: DecodeStats | None = None
+) -> Iterator[str]:
+    """Yield the lines of `path` (`-` = stdin) without their line ending (LF or CRLF).
+
+    With `strict_utf8`, invalid UTF-8 raises TfmError naming the file and line number; otherwise
+    bad bytes become U+FFFD and each repaired line is counted in `stats`. Lines are yielded as soon
+    as they arrive, so this works in interactive pipes.
+    """
+    name = "<stdin>" if path == STDIO else path
+    stream = open_binary_input(path)
+    try:
+        for number, raw in enumerate(iter(stream.readline, b""), start=1):
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                if strict_utf8:
+                    raise TfmError(
+                        f"{name}:{number}: invalid UTF-8 at byte {error.start}; convert the file to UTF-8"
+                    ) from None
+                if stats is not None:
+                    stats.invalid_utf8_lines += 1
+                yield raw.decode("utf-8", errors="replace")
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def read_lines(path: str, strict_utf8: bool = True) -> list[str]:
+    """All lines of `path` as a list (see iter_lines)."""
+    return list(iter_lines(path, strict_utf8=strict_utf8))
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename inside `directory` durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
+
+    A crash at any moment leaves either the old file or the new one, never a partial file.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise TfmError(f"{directory}: output folder does not exist")
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    fsync_directory(directory)
+
+
+@contextlib.contextmanager
+def open_output(path: str) -> Iterator[IO[str]]:
+    """A text stream for results: stdout for `-`, else a temp file renamed onto `path` on success.
+
+    If the body raises (bad input, Ctrl-C), a file output is removed rather than left half-written.
+    """
+    if path == STDIO:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise TfmError(f"{target}: is a directory, expected an output file path")
+    if not directory.is_dir():
+        raise TfmError(f"{directory}: output folder does not exist")
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with io.open(fd, "w", encoding="utf-8", newline="\n") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise

@@ -1,0 +1,154 @@
+"""Sentencepiece training and loading with tfm's fixed special ids; text <-> pieces <-> ids.
+
+The special ids are fixed at training time (sentencepiece has no pad id by default) so that every
+model config and checkpoint agrees on them: pad=0, unk=1, bos=2, eos=3.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tfm_cli.errors import TfmError
+
+
+@dataclass(frozen=True)
+class TokenizerTrainConfig:
+    """Settings for training one sentencepiece model."""
+
+    vocab_size: int = 8000
+    model_type: str = "unigram"
+    character_coverage: float = 1.0
+    user_defined_symbols: tuple[str, ...] = ()
+    byte_fallback: bool = False
+    # Sample at most this many sentences for training (0 = all); keeps huge corpora tractable.
+    input_sentence_size: int = 0
+    # "identity" keeps text byte-exact (decode inverts encode, double spaces and NBSP included);
+    # "nmt_nfkc" is sentencepiece's default, which folds Unicode variants and collapses spaces.
+    normalization: str = "identity"
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("unigram", "bpe"):
+            raise TfmError(f"tokenizer model type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        if self.normalization not in ("identity", "nmt_nfkc"):
+            raise TfmError(f"normalization must be 'identity' or 'nmt_nfkc', got {self.normalization!r}")
+        if self.vocab_size < 8:
+            raise TfmError(f"vocab size must be at least 8, got {self.vocab_size}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise TfmError(f"character coverage must be in (0, 1], got {self.character_coverage}")
+
+
+def train_sentencepiece(
+    input_paths: list[Path], model_prefix: Path, config: TokenizerTrainConfig, verbose: bool = False
+) -> Path:
+    """Train a sentencepiece model on the text files `input_paths` (jointly, if several).
+
+    Writes `{model_prefix}.model` and `{model_prefix}.vocab` atomically and returns the .model path.
+    Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
+    """
+    for path in input_paths:
+        if not path.is_file():
+            raise TfmError(f"{path}: no such file (tokenizer training needs existing text files)")
+        if path.stat().st_size == 0:
+            raise TfmError(f"{path}: the file is empty; tokenizer training needs text")
+    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=model_prefix.parent, prefix=".spm-") as tmp:
+        tmp_prefix = Path(tmp) / "model"
+        options = dict(
+            input=",".join(str(p) for p in input_paths),
+            model_prefix=str(tmp_prefix),
+            vocab_size=config.vocab_size,
+            model_type=config.model_type,
+            character_coverage=config.character_coverage,
+            byte_fallback=config.byte_fallback,
+            normalization_rule_name=config.normalization,
+            remove_extra_whitespaces=config.normalization != "identity",
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num_threads=max(1, min(os.cpu_count() or 1, 16)),
+            minloglevel=0 if verbose else 2,
+        )
+        if config.user_defined_symbols:
+            options["user_defined_symbols"] = list(config.user_defined_symbols)
+        if config.input_sentence_size:
+            options["input_sentence_size"] = config.input_sentence_size
+            options["shuffle_input_sentence"] = True
+        try:
+            spm.SentencePieceTrainer.train(**options)
+        except RuntimeError as error:
+            # The usual cause is a vocab size larger than the text supports; sentencepiece says so.
+            message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+            raise TfmError(f"sentencepiece training failed: {message}") from None
+        for suffix in (".model", ".vocab"):
+            os.replace(f"{tmp_prefix}{suffix}", f"{model_prefix}{suffix}")
+    return Path(f"{model_prefix}.model")
+
+
+class Tokenizer:
+    """A loaded sentencepiece model, with the bytes it came from (so checkpoints can embed it)."""
+
+    def __init__(self, model_bytes: bytes, origin: str = "<bytes>") -> None:
+        self.model_bytes = model_bytes
+        self.processor = spm.SentencePieceProcessor()
+        try:
+            self.processor.LoadFromSerializedProto(model_bytes)
+        except (RuntimeError, OSError):
+            raise TfmError(f"{origin}: not a sentencepiece model") from None
+        expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+        found = {
+            "pad": self.processor.pad_id(),
+            "unk": self.processor.unk_id(),
+            "bos": self.processor.bos_id(),
+            "eos": self.processor.eos_id(),
+        }
+        if found != expected:
+            raise TfmError(
+                f"{origin}: special ids are {found}, tfm needs {expected}; train it with `tfm tokenize train`"
+            )
+
+    @classmethod
+    def from_file(cls, path: Path) -> Tokenizer:
+        """Load a `.model` file written by `tfm tokenize train`."""
+        if not path.is_file():
+            raise TfmError(f"{path}: no such sentencepiece model file")
+        return cls(path.read_bytes(), origin=str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of pieces, special ones included."""
+        return self.processor.get_piece_size()
+
+    def encode_ids(self, text: str) -> list[int]:
+        """Raw text -> piece ids (no BOS/EOS added)."""
+        return self.processor.encode(text, out_type=int)
+
+    def encode_pieces(self, text: str) -> list[str]:
+        """Raw text -> pieces (strings such as '▁Ein')."""
+        return self.processor.encode(text, out_type=str)
+
+    def encode_ids_batch(self, texts: list[str]) -> list[list[int]]:
+        """Many raw texts -> piece ids each, using sentencepiece's threads."""
+        return self.processor.encode(texts, out_type=int)
+
+    def decode_ids(self, ids: list[int]) -> str:
+        """Piece ids -> detokenized text (special ids are dropped)."""
+        return self.processor.decode(ids)
+
+    def decode_pieces(self, pieces: list[str]) -> str:
+        """Pieces -> detokenized text."""
+        return self.processor.decode_pieces(pieces)
+
+    def id_to_piece(self, piece_id: int) -> str:
+        """The piece string of one id."""
+        return self.processor.id_to_piece(piece_id)
+
+    def piece_to_id(self, piece: str) -> int:
+        """The id of one piece (unk_id if unknown)."""
+        return self.processor.piece_to_id(piece)
