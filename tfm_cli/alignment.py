@@ -1,0 +1,120 @@
+"""Attention maps -> word-level matrices -> hard word alignments (Pharaoh "src-tgt" pairs).
+
+Words are what the detokenized text splits into on ASCII spaces; sentencepiece marks each space as
+a leading '▁' on a piece, so piece spans and character offsets of the same sentence line up.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
+WORD_PATTERN = re.compile(r"[^ ]+")
+Span = tuple[int, int]
+AlignmentPair = tuple[int, int]
+
+
+def word_spans(pieces: list[str]) -> list[Span]:
+    """Group sentencepiece pieces into words: half-open piece-index ranges [start, end), one per word.
+
+    Rules (they follow where the detokenized text has a space):
+    - a piece starting with '▁' starts a new word, and so does the very first piece with content,
+      with or without '▁' (a sentence may start without one, e.g. when encoded without the dummy prefix);
+    - a piece without a leading '▁' (a word continuation or attached punctuation such as '.')
+      joins the word before it;
+    - pieces with no content (a bare '▁', or an empty string) join the NEXT word, so a bare '▁'
+      followed by 'Ä' is one word; trailing content-less pieces join the last word;
+    - a '▁' inside a piece (only with split_by_whitespace off) does not split it: such a piece
+      stays in one word, and the text then has more words than the spans.
+    The spans are contiguous and cover every piece, unless no piece has content (empty input, or
+    only bare '▁' pieces), which gives []. Returns a list of (start, end) tuples.
+    """
+    starts: list[int] = []
+    pending = None  # index of the first content-less piece not yet given to a word
+    space_before = False
+    for index, piece in enumerate(pieces):
+        text = piece.replace(WORD_BOUNDARY, " ")
+        if not text.strip(" "):
+            if pending is None:
+                pending = index
+            space_before = space_before or bool(text)
+            continue
+        if not starts or space_before or text.startswith(" "):
+            starts.append(index if pending is None else pending)
+        pending = None
+        space_before = text.endswith(" ")
+    ends = starts[1:] + [len(pieces)]
+    return list(zip(starts, ends))
+
+
+def word_char_offsets(text: str) -> list[Span]:
+    """Character offsets [start, end) of each word of the detokenized `text` (words split on ' ' only).
+
+    Only the ASCII space splits, because it is the only character sentencepiece turns into '▁':
+    a non-breaking space or a tab stays inside a word, exactly as in word_spans.
+    """
+    return [(match.start(), match.end()) for match in WORD_PATTERN.finditer(text)]
+
+
+def merge_to_words(matrix: torch.Tensor, tgt_spans: list[Span], src_spans: list[Span]) -> torch.Tensor:
+    """Piece-level attention (T_pieces, S_pieces) -> word-level (T_words, S_words).
+
+    A target word's row is the MEAN of its pieces' rows; a source word's column is the SUM of its
+    pieces' columns. So each row still sums to what the piece rows summed to (1 for attention over
+    all source pieces): a word's weight is the probability mass given to any of its pieces, averaged
+    over the pieces that make up the attending word.
+    """
+    src_merge = torch.zeros(len(src_spans), matrix.size(1), dtype=matrix.dtype, device=matrix.device)
+    for word, (start, end) in enumerate(src_spans):
+        src_merge[word, start:end] = 1.0
+    tgt_merge = torch.zeros(len(tgt_spans), matrix.size(0), dtype=matrix.dtype, device=matrix.device)
+    for word, (start, end) in enumerate(tgt_spans):
+        tgt_merge[word, start:end] = 1.0 / (end - start)
+    return tgt_merge @ matrix @ src_merge.T  # (T_words, T) @ (T, S) @ (S, S_words)
+
+
+def hard_alignment(matrix: torch.Tensor) -> list[AlignmentPair]:
+    """Argmax per target row of `matrix` (T, S): one (src_index, tgt_index) pair per target row.
+
+    Pairs come in target order; ties go to the first (leftmost) source position. An empty matrix
+    (no target or no source positions) gives [].
+    """
+    if matrix.numel() == 0:
+        return []
+    best = matrix.argmax(dim=1).tolist()  # (T,)
+    return [(src, tgt) for tgt, src in enumerate(best)]
+
+
+def transpose_pairs(pairs: list[AlignmentPair]) -> list[AlignmentPair]:
+    """Swap each (a, b) into (b, a): turns a reverse model's (tgt, src) pairs into (src, tgt)."""
+    return [(b, a) for a, b in pairs]
+
+
+def intersect(forward: list[AlignmentPair], backward: list[AlignmentPair]) -> list[AlignmentPair]:
+    """The pairs present in both alignments, sorted by (tgt, src); both must be (src, tgt) pairs.
+
+    For two translation directions, pass the reverse model's pairs through transpose_pairs first.
+    """
+    common = set(forward) & set(backward)
+    return sorted(common, key=lambda pair: (pair[1], pair[0]))
+
+
+def pharaoh(pairs: list[AlignmentPair]) -> str:
+    """Pharaoh format: "src-tgt" pairs separated by spaces, in the given order, e.g. "0-0 1-2"."""
+    return " ".join(f"{src}-{tgt}" for src, tgt in pairs)
+
+
+def parse_pharaoh(line: str) -> list[AlignmentPair]:
+    """The (src, tgt) pairs of a Pharaoh line such as "0-0 1-2" (also accepts "0?1" possible links).
+
+    Raises ValueError for a malformed pair.
+    """
+    pairs = []
+    for item in line.split():
+        parts = re.split(r"[-?]", item)
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"not a Pharaoh alignment pair: {item!r}")
+        pairs.append((int(parts[0]), int(parts[1])))
+    return pairs
