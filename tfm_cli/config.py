@@ -1,4 +1,4 @@
-"""Frozen dataclass configs (model, decoding) and their validated construction from dicts/TOML.
+"""Frozen dataclass configs (model, training, decoding), TOML recipes and `--set` overrides.
 
 Precedence everywhere: dataclass defaults < recipe file < command line. Unknown keys and wrong
 types are errors that name the key, never silently ignored.
@@ -7,11 +7,18 @@ types are errors that name the key, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import tomllib
 import typing
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfm_cli.errors import TfmError
+
+if TYPE_CHECKING:
+    from tfm_cli.tokenizer import TokenizerTrainConfig
 
 ConfigT = TypeVar("ConfigT")
 
@@ -80,7 +87,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How translate searches: beam size, length penalty, output length limit, n-best."""
+    """How translate searches: beam size, length penalty, output length limit, n-best, sampling."""
 
     beam_size: int = 5
     # GNMT length penalty ((5 + len) / 6) ** alpha; section 6.1 of the paper uses alpha = 0.6.
@@ -89,16 +96,28 @@ class DecodeConfig:
     max_len_a: float = 1.5
     max_len_b: int = 10
     nbest: int = 1
+    # Sampling instead of beam search: nbest independent samples per sentence.
+    sample: bool = False
+    sample_top_k: int = 0  # keep only the k most likely tokens (0 = all)
+    sample_top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches p (1 = all)
+    temperature: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise TfmError(f"beam size must be at least 1, got {self.beam_size}")
-        if not 1 <= self.nbest <= self.beam_size:
+        if self.nbest < 1 or (not self.sample and self.nbest > self.beam_size):
             raise TfmError(f"nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
         if self.length_penalty < 0:
             raise TfmError(f"length penalty alpha must be >= 0, got {self.length_penalty}")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise TfmError("max_len_a and max_len_b must be >= 0")
+        if self.sample_top_k < 0:
+            raise TfmError(f"sampling top-k must be >= 0 (0 = no limit), got {self.sample_top_k}")
+        if not 0.0 < self.sample_top_p <= 1.0:
+            raise TfmError(f"sampling top-p must be in (0, 1], got {self.sample_top_p}")
+        if self.temperature <= 0:
+            raise TfmError(f"sampling temperature must be > 0, got {self.temperature}")
 
 
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], section: str) -> ConfigT:
@@ -140,6 +159,11 @@ def check_type(key: str, value: Any, expected: Any) -> Any:
         if not isinstance(value, list):
             raise TfmError(f"{key} must be a list, got {type(value).__name__} {value!r}")
         return [check_type(f"{key}[{i}]", item, args[0]) for i, item in enumerate(value)]
+    if origin is tuple:
+        # `tuple[X, ...]` fields are written as TOML arrays.
+        if not isinstance(value, (list, tuple)):
+            raise TfmError(f"{key} must be a list, got {type(value).__name__} {value!r}")
+        return tuple(check_type(f"{key}[{i}]", item, args[0]) for i, item in enumerate(value))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     # bool is a subclass of int: `n_heads = true` must not pass as 1.
@@ -153,3 +177,285 @@ def check_type(key: str, value: Any, expected: Any) -> Any:
 def config_to_dict(config: Any) -> dict[str, Any]:
     """Return the dataclass `config` as a plain JSON-ready dict."""
     return dataclasses.asdict(config)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How `tfm train` optimises: batching, Adam and its schedule, loss, stopping, validation, saving."""
+
+    seed: int = 1
+    # Token-budget batches: batch size * longest sentence (padding included) stays within this, per side.
+    max_tokens: int = 4096
+    # Gradient accumulation: one optimizer update per `update_freq` batches.
+    update_freq: int = 1
+    # Section 5.3: lr = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) when lr = 0;
+    # with lr > 0, the same warmup-then-inverse-sqrt shape scaled to peak at `lr` after warmup.
+    lr: float = 0.0
+    warmup_steps: int = 4000
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    # Section 5.4: label smoothing eps_ls = 0.1; padding positions never count.
+    label_smoothing: float = 0.1
+    # Clip the global gradient norm to this value (0 = no clipping).
+    clip_norm: float = 0.0
+    # Stopping: the first limit reached ends training (0 = no such limit); at least one must be set.
+    max_steps: int = 0
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    # Stop after this many validations in a row without a better best_metric (0 = never).
+    patience: int = 0
+    # Validate every this many updates (and at the end); needs data.valid_src/valid_tgt.
+    valid_every: int = 1000
+    # Decode the validation set for BLEU (greedy, or beam search with valid_beam_size > 1).
+    valid_bleu: bool = True
+    valid_beam_size: int = 1
+    valid_max_len_a: float = 1.5
+    valid_max_len_b: int = 10
+    # Which validation figure picks checkpoint_best and drives patience: "bleu" or "loss".
+    best_metric: str = "bleu"
+    # Write checkpoint_STEP every this many updates (and at the end); keep the last `keep_last` (0 = all).
+    save_every: int = 1000
+    keep_last: int = 5
+    # Log training loss, lr, tokens/s and padding every this many updates (also to metrics.jsonl).
+    log_every: int = 100
+    # fp32 everywhere; bf16 or fp16 autocast on CUDA (fp16 with a gradient scaler).
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        positive = ["max_tokens", "update_freq", "valid_every", "save_every", "log_every", "valid_beam_size"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise TfmError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        non_negative = ["lr", "warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_epochs",
+                        "max_minutes", "patience", "keep_last", "valid_max_len_a", "valid_max_len_b"]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise TfmError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise TfmError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise TfmError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.adam_eps <= 0:
+            raise TfmError(f"train.adam_eps must be > 0, got {self.adam_eps}")
+        if self.best_metric not in ("bleu", "loss"):
+            raise TfmError(f"train.best_metric must be 'bleu' or 'loss', got {self.best_metric!r}")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise TfmError(f"train.precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
+        if not (self.max_steps or self.max_epochs or self.max_minutes or self.patience):
+            raise TfmError(
+                "nothing stops training: set train.max_steps, train.max_epochs, train.max_minutes or train.patience"
+            )
+        if self.lr == 0 and self.warmup_steps == 0:
+            raise TfmError("train.warmup_steps must be > 0 with the paper's schedule (train.lr = 0)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text is, and which pairs training keeps."""
+
+    train_src: str
+    train_tgt: str
+    valid_src: str = ""
+    valid_tgt: str = ""
+    # Pairs with more subword tokens than this on either side (EOS included) are skipped and counted.
+    max_length: int = 256
+
+    def __post_init__(self) -> None:
+        if bool(self.valid_src) != bool(self.valid_tgt):
+            raise TfmError("data.valid_src and data.valid_tgt must be given together")
+        if self.max_length < 2:
+            raise TfmError(f"data.max_length must be at least 2, got {self.max_length}")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Existing sentencepiece models (src_model, optional tgt_model), or settings to train them first."""
+
+    src_model: str = ""
+    # Empty: the source model serves both sides (a joint vocabulary).
+    tgt_model: str = ""
+    # When training: one model on source + target text (True) or one per side (False).
+    joint: bool = True
+    train: TokenizerTrainConfig | None = None
+
+    def train_settings(self) -> TokenizerTrainConfig:
+        """The sentencepiece training settings (defaults where the recipe gives none)."""
+        from tfm_cli.tokenizer import TokenizerTrainConfig
+
+        return self.train if self.train is not None else TokenizerTrainConfig()
+
+
+# Keys of [model] that come from the tokenizer, never from a recipe.
+MODEL_KEYS_FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
+TOKENIZER_OWN_KEYS = ("src_model", "tgt_model", "joint")
+RECIPE_SECTIONS = ("data", "tokenizer", "model", "train")
+PATH_KEYS = {"data": ("train_src", "train_tgt", "valid_src", "valid_tgt"), "tokenizer": ("src_model", "tgt_model")}
+VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A fully resolved training recipe: every section validated, every path absolute."""
+
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    model: dict[str, Any]  # ModelConfig fields except MODEL_KEYS_FROM_TOKENIZER, type-checked
+    train: TrainConfig
+
+    def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+        """The ModelConfig for tokenizers of these vocabulary sizes (special ids are tfm's fixed ones)."""
+        return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as nested plain data (the [tokenizer] section flat, as in the TOML file)."""
+        tokenizer = {key: getattr(self.tokenizer, key) for key in TOKENIZER_OWN_KEYS}
+        if self.tokenizer.train is not None:
+            tokenizer.update(config_to_dict(self.tokenizer.train))
+            tokenizer["user_defined_symbols"] = list(tokenizer["user_defined_symbols"])
+        return {
+            "data": config_to_dict(self.data),
+            "tokenizer": tokenizer,
+            "model": dict(self.model),
+            "train": config_to_dict(self.train),
+        }
+
+
+def recipe_from_dict(values: dict[str, Any]) -> Recipe:
+    """Validate nested recipe data (sections data, tokenizer, model, train) into a Recipe.
+
+    Raises TfmError naming the first unknown section or key, wrong type or missing required key.
+    """
+    from tfm_cli.tokenizer import TokenizerTrainConfig
+
+    unknown = sorted(set(values) - set(RECIPE_SECTIONS))
+    if unknown:
+        raise TfmError(f"unknown recipe section [{unknown[0]}]; valid sections: {', '.join(RECIPE_SECTIONS)}")
+    for section in RECIPE_SECTIONS:
+        if not isinstance(values.get(section, {}), dict):
+            raise TfmError(f"[{section}] must be a table of keys, got {values[section]!r}")
+    if "data" not in values:
+        raise TfmError("the recipe has no [data] section (train_src, train_tgt, valid_src, valid_tgt)")
+    data = config_from_dict(DataConfig, values["data"], "data")
+    tokenizer_values = dict(values.get("tokenizer", {}))
+    own = {key: tokenizer_values.pop(key) for key in TOKENIZER_OWN_KEYS if key in tokenizer_values}
+    train_fields = {f.name for f in dataclasses.fields(TokenizerTrainConfig)}
+    unknown = sorted(set(tokenizer_values) - train_fields)
+    if unknown:
+        valid = ", ".join(sorted(train_fields | set(TOKENIZER_OWN_KEYS)))
+        raise TfmError(f"unknown key tokenizer.{unknown[0]}; valid keys in [tokenizer]: {valid}")
+    own = {key: check_type(f"tokenizer.{key}", value, {"joint": bool}.get(key, str)) for key, value in own.items()}
+    if own.get("src_model") and tokenizer_values:
+        raise TfmError(
+            f"tokenizer.{sorted(tokenizer_values)[0]} is a training setting, but tokenizer.src_model names an "
+            "existing model; give one or the other"
+        )
+    if own.get("tgt_model") and not own.get("src_model"):
+        raise TfmError("tokenizer.tgt_model needs tokenizer.src_model as well")
+    train_settings = None if own.get("src_model") else config_from_dict(TokenizerTrainConfig, tokenizer_values, "tokenizer")
+    tokenizer = TokenizerConfig(**own, train=train_settings)
+    model = check_model_section(values.get("model", {}))
+    train = config_from_dict(TrainConfig, values.get("train", {}), "train")
+    return Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
+
+
+def check_model_section(values: dict[str, Any]) -> dict[str, Any]:
+    """Type-check a [model] section (ModelConfig fields minus those the tokenizer fixes); returns it."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - set(MODEL_KEYS_FROM_TOKENIZER)
+    for key in values:
+        if key in MODEL_KEYS_FROM_TOKENIZER:
+            raise TfmError(f"model.{key} comes from the tokenizer; remove it from the recipe")
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise TfmError(f"unknown key model.{unknown[0]}; valid keys in [model]: {', '.join(sorted(fields))}")
+    hints = typing.get_type_hints(ModelConfig)
+    checked = {key: check_type(f"model.{key}", value, hints[key]) for key, value in values.items()}
+    # Build a throwaway config so value errors (d_model % n_heads, dropout range) surface now.
+    ModelConfig(src_vocab_size=64, tgt_vocab_size=64, **checked)
+    return checked
+
+
+def expand_path(key: str, value: Any, base: Path) -> Any:
+    """Expand ${VAR}, ${VAR:-default}, $VAR and ~ in a path setting; make it absolute against `base`.
+
+    Returns the absolute path as a string ('' stays ''); non-strings are returned for check_type to refuse.
+    """
+    if not isinstance(value, str) or value == "":
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        default = match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise TfmError(f"{key} = {value!r}: environment variable {name} is not set; set it or give a default")
+
+    expanded = os.path.expanduser(VARIABLE.sub(substitute, value))
+    return str((base / expanded).resolve())
+
+
+def resolve_paths(values: dict[str, Any], base: Path) -> None:
+    """Make every path setting in nested recipe data absolute against `base` (in place)."""
+    for section, keys in PATH_KEYS.items():
+        table = values.get(section)
+        if isinstance(table, dict):
+            for key in keys:
+                if key in table:
+                    table[key] = expand_path(f"{section}.{key}", table[key], base)
+
+
+def read_recipe_file(path: Path) -> dict[str, Any]:
+    """Parse a TOML recipe into nested data with its paths resolved against the recipe's folder."""
+    if not path.is_file():
+        raise TfmError(f"{path}: no such recipe file")
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except tomllib.TOMLDecodeError as error:
+        raise TfmError(f"{path}: not valid TOML ({error})") from None
+    except UnicodeDecodeError:
+        raise TfmError(f"{path}: the recipe is not UTF-8 text") from None
+    resolve_paths(values, path.resolve().parent)
+    return values
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str], cwd: Path) -> None:
+    """Apply `section.key=value` settings (in place). Values are TOML literals, or plain strings.
+
+    Path settings given this way are resolved against `cwd`, where the user typed them.
+    """
+    for override in overrides:
+        name, sep, text = override.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot or not key:
+            raise TfmError(f"--set {override!r}: expected section.key=value, e.g. train.max_tokens=4096")
+        if section not in RECIPE_SECTIONS:
+            raise TfmError(f"--set {override!r}: unknown section [{section}]; valid: {', '.join(RECIPE_SECTIONS)}")
+        try:
+            value = tomllib.loads(f"value = {text.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()  # a bare word such as a path or `bleu`
+        if key in PATH_KEYS.get(section, ()):
+            value = expand_path(f"{section}.{key}", value, cwd)
+        values.setdefault(section, {})[key] = value
+
+
+def load_recipe(
+    path: Path | None, overrides: list[str], saved: dict[str, Any] | None = None, cwd: Path | None = None
+) -> Recipe:
+    """The recipe from a TOML file (or `saved` resolved data, when resuming without one), plus overrides.
+
+    Returns the validated Recipe; raises TfmError naming the file or key at fault.
+    """
+    if path is not None:
+        values = read_recipe_file(path)
+    elif saved is not None:
+        values = {section: dict(table) for section, table in saved.items()}
+    else:
+        raise TfmError("no recipe: give a recipe file (or --resume a run that has one)")
+    apply_overrides(values, overrides, cwd or Path.cwd())
+    return recipe_from_dict(values)
