@@ -1,16 +1,172 @@
-"""`tfm score` (not built yet)."""
+"""`tfm score`: sacrebleu metrics against references, or a model's forced-decoding log-probabilities."""
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import List, Optional
 
 import typer
 
-from tfm_cli.commands.not_built import refuse
+from tfm_cli.console import data_table, print_info, stdout_console
+from tfm_cli.errors import TfmError
 
-EPILOG = "Not built yet."
+EPILOG = (
+    "Examples:\n\n"
+    "  tfm score -r ref.en -i hyp.en                              # BLEU, chrF2, TER with signatures\n\n"
+    "  tfm translate -m model.safetensors < test.de | tfm score -r test.en --metrics bleu,chrf++ --json\n\n"
+    "  tfm score -m model.safetensors --src test.de --tgt test.en --normalize per-token"
+)
 
 
-def score(args: Optional[List[str]] = typer.Argument(None, hidden=True)) -> None:
-    """Not built yet: prints one line and exits 2."""
-    refuse("score")
+def score(
+    references: List[str] = typer.Option([], "-r", "--reference", help="Reference file (repeat for several references)."),
+    input: str = typer.Option("-", "-i", "--input", help="Hypotheses, one per line; `-` = stdin."),
+    metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, chrf++, ter."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize", help="BLEU tokenizer passed to sacrebleu (13a, intl, zh, char, none, ...); default sacrebleu's."),
+    lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF (as sacrebleu -lc)."),
+    ter_case_sensitive: bool = typer.Option(False, "--ter-case-sensitive", help="Case-sensitive TER (sacrebleu's TER ignores case by default)."),
+    sentence: bool = typer.Option(False, "--sentence", help="One line of scores per hypothesis (sentence BLEU uses effective order)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Score --tgt given --src with this checkpoint (forced decoding) instead of metrics."),
+    src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
+    tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
+    normalize: str = typer.Option("none", "--normalize", help="With -m: none (sum of token log-probs, EOS included), length (divided by the GNMT length penalty, as translate ranks) or per-token (divided by the token count, EOS included)."),
+    alpha: float = typer.Option(0.6, "--length-penalty", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
+    device: str = typer.Option("cpu", "--device", help="With -m: torch device (cpu, cuda, cuda:1, mps)."),
+    threads: int = typer.Option(0, "--threads", help="With -m: CPU threads for torch (0 = torch's default)."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
+    as_json: bool = typer.Option(False, "--json", help="JSON for pipelines (a list of metrics, or one object per line)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
+) -> None:
+    """Score hypotheses with BLEU/chrF/TER (sacrebleu), or target sentences with a model."""
+    if model is not None:
+        if references:
+            raise TfmError("-m/--model scores --src/--tgt with a model; -r/--reference is for metrics, not both")
+        if src is None or tgt is None:
+            raise TfmError("-m/--model needs both --src and --tgt (line-parallel files)")
+        score_with_model(model, src, tgt, normalize, alpha, batch_size, device, threads, output, as_json, quiet)
+        return
+    if src is not None or tgt is not None:
+        raise TfmError("--src/--tgt are for model scoring; add -m/--model, or use -r/-i for metrics")
+    if not references:
+        raise TfmError("no reference given; pass -r/--reference REF (or -m/--model with --src/--tgt)")
+    score_with_metrics(
+        references, input, metrics, tokenize, lowercase, ter_case_sensitive, sentence, output, as_json, quiet
+    )
+
+
+def score_with_metrics(
+    reference_paths: list[str],
+    input: str,
+    metrics: str,
+    tokenize: str | None,
+    lowercase: bool,
+    ter_case_sensitive: bool,
+    sentence: bool,
+    output: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Read hypotheses and references, compute the metrics, and render them."""
+    from tfm_cli.scoring import MetricOptions, check_line_counts, corpus_scores, sentence_scores
+    from tfm_cli.textio import open_output, read_lines
+
+    names = tuple(name.strip().lower() for name in metrics.split(",") if name.strip())
+    options = MetricOptions(names, tokenize, lowercase, ter_case_sensitive)
+    if input == "-" and "-" in reference_paths:
+        raise TfmError("hypotheses and a reference cannot both come from stdin")
+    hypotheses = read_lines(input)
+    references = [read_lines(path) for path in reference_paths]
+    check_line_counts(hypotheses, references, "<stdin>" if input == "-" else input, reference_paths)
+    if sentence:
+        metric_names, signatures, rows = sentence_scores(hypotheses, references, options)
+        for name, signature in zip(metric_names, signatures):
+            print_info(f"{name}|{signature}", quiet=quiet)
+        with open_output(output) as out:
+            for row in rows:
+                if as_json:
+                    out.write(json.dumps(dict(zip(metric_names, row))) + "\n")
+                else:
+                    out.write("\t".join(f"{value:.4f}" for value in row) + "\n")
+        return
+    results = corpus_scores(hypotheses, references, options)
+    with open_output(output) as out:
+        if as_json:
+            records = [
+                {"name": r.name, "score": r.score, "signature": r.signature, "verbose_score": r.summary, **r.details}
+                for r in results
+            ]
+            out.write(json.dumps(records, indent=1) + "\n")
+        elif output == "-" and sys.stdout.isatty():
+            rows = [[r.name, f"{r.score:.2f}", details_text(r.summary), r.signature] for r in results]
+            stdout_console().print(data_table(["metric", "score", "details", "signature"], rows))
+        else:
+            # sacrebleu's own text form: NAME|signature = verbose score.
+            for r in results:
+                out.write(f"{r.name}|{r.signature} = {r.summary.split(' = ', 1)[1]}\n")
+
+
+def details_text(summary: str) -> str:
+    """What sacrebleu's verbose score says beyond the score itself (BLEU's precisions, BP, lengths)."""
+    parts = summary.split(" = ", 1)[1].split(" ", 1)
+    return parts[1] if len(parts) > 1 else ""
+
+
+def score_with_model(
+    model_path: str,
+    src: str,
+    tgt: str,
+    normalize: str,
+    alpha: float,
+    batch_size: int,
+    device: str,
+    threads: int,
+    output: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Forced-decode every (--src, --tgt) pair and write one score per line, streaming."""
+    import math
+
+    import torch
+
+    from tfm_cli.checkpoint import load_model
+    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
+    from tfm_cli.textio import iter_lines, open_output
+
+    if normalize not in NORMALIZATIONS:
+        raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+    if alpha < 0:
+        raise TfmError(f"--length-penalty must be >= 0, got {alpha}")
+    if src == "-" and tgt == "-":
+        raise TfmError("--src and --tgt cannot both be stdin")
+    if threads > 0:
+        torch.set_num_threads(threads)
+    loaded = load_model(model_path, device=device)
+    pairs = zip_parallel(iter_lines(src), iter_lines(tgt), "<stdin>" if src == "-" else src,
+                         "<stdin>" if tgt == "-" else tgt)
+    total_log_prob, total_tokens, count = 0.0, 0, 0
+    with open_output(output) as out:
+        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size)
+        for result in scores:
+            value = result.value(normalize)
+            if as_json:
+                record = {
+                    "score": value, "raw": result.raw, "tokens": result.n_tokens, "per_token": result.per_token,
+                    "length_normalized": result.length_normalized, "token_log_probs": list(result.token_log_probs),
+                }
+                out.write(json.dumps(record) + "\n")
+            else:
+                out.write(f"{value:.6f}\n")
+            out.flush()
+            total_log_prob += result.raw
+            total_tokens += result.n_tokens
+            count += 1
+    if count:
+        per_token = total_log_prob / total_tokens
+        print_info(
+            f"scored {count} pairs, {total_tokens} target tokens (EOS included): {per_token:.4f} nats/token, "
+            f"perplexity {math.exp(-per_token):.2f}",
+            quiet=quiet,
+        )

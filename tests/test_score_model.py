@@ -1,0 +1,113 @@
+"""`tfm score -m`: forced-decoding scores equal the model's token log-probs summed directly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import run_cli
+from tfm_cli.checkpoint import load_model
+from tfm_cli.config import BOS_ID, EOS_ID
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, multi30k_dir):
+    """12 real sentence pairs (plus an empty target and an empty source) as two files."""
+    folder = tmp_path_factory.mktemp("score_model")
+    src = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()[:12] + ["Ein Hund .", ""]
+    tgt = (multi30k_dir / "val.en").read_text(encoding="utf-8").splitlines()[:12] + ["", "A dog ."]
+    (folder / "src.de").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (folder / "tgt.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return folder / "src.de", folder / "tgt.en", src, tgt
+
+
+def direct_log_probs(loaded, src_text: str, tgt_text: str) -> torch.Tensor:
+    """One sentence, no padding: log_softmax(model.forward) at each reference token, EOS last. Returns (T,)."""
+    src_ids = loaded.src_tokenizer.encode_ids(src_text) + [EOS_ID]
+    tgt_ids = loaded.tgt_tokenizer.encode_ids(tgt_text)
+    tgt_in = torch.tensor([[BOS_ID] + tgt_ids])
+    tgt_out = torch.tensor(tgt_ids + [EOS_ID])
+    with torch.no_grad():
+        logits = loaded.model(torch.tensor([src_ids]), tgt_in)[0]  # (T, V)
+    return torch.log_softmax(logits, dim=-1)[torch.arange(len(tgt_out)), tgt_out]
+
+
+def test_scores_equal_directly_summed_token_log_probs(random_checkpoint, pairs):
+    src_path, tgt_path, src, tgt = pairs
+    # A batch size of 4 mixes lengths and padding; each line must still score as if alone.
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path,
+                      "--batch-size", "4", "--json"])
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == len(src)
+    loaded = load_model(random_checkpoint)
+    for record, s, t in zip(records, src, tgt):
+        expected = direct_log_probs(loaded, s, t)
+        assert record["tokens"] == len(expected)
+        assert record["raw"] == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-4)
+        assert record["score"] == record["raw"]  # --normalize none is the default
+        torch.testing.assert_close(torch.tensor(record["token_log_probs"]), expected, atol=1e-4, rtol=1e-5)
+    assert "nats/token" in result.stderr
+
+
+@pytest.mark.parametrize("normalize", ["length", "per-token"])
+def test_normalizations_follow_the_score_convention(random_checkpoint, pairs, normalize):
+    src_path, tgt_path, src, tgt = pairs
+    raw_run = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--json"])
+    run = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path,
+                   "--normalize", normalize, "--length-penalty", "0.8"])
+    assert run.exit_code == 0, run.stderr
+    values = [float(line) for line in run.stdout.splitlines()]
+    for value, record in zip(values, map(json.loads, raw_run.stdout.splitlines())):
+        n = record["tokens"]  # EOS included
+        # GNMT length penalty ((5 + n) / 6) ** alpha, written out here independently of search.py.
+        expected = record["raw"] / ((5 + n) / 6) ** 0.8 if normalize == "length" else record["raw"] / n
+        assert value == pytest.approx(expected, abs=2e-6)
+
+
+def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pairs):
+    from tfm_cli.scoring import score_id_pairs
+    from tfm_cli.search import greedy_search
+
+    _, _, src, _ = pairs
+    loaded = load_model(random_checkpoint)
+    src_ids = [loaded.src_tokenizer.encode_ids(line) for line in src[:6]]
+    width = max(len(ids) for ids in src_ids) + 1
+    batch = torch.tensor([ids + [EOS_ID] + [0] * (width - len(ids) - 1) for ids in src_ids])
+    hypotheses = greedy_search(loaded.model, batch, max_len_a=0.0, max_len_b=8)
+    # Greedy's score counts the EOS it ended with, chosen or forced at the length limit, like ours.
+    forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for ids, hyp in zip(src_ids, hypotheses)], alpha=0.6)
+    for hyp, score in zip(hypotheses, forced):
+        assert score.n_tokens == len(hyp.tokens) + 1
+        assert score.raw == pytest.approx(hyp.score, abs=1e-4)
+
+
+def test_token_log_probs_are_zero_at_padding(random_checkpoint):
+    from tfm_cli.scoring import token_log_probs
+
+    loaded = load_model(random_checkpoint)
+    src = torch.tensor([[10, 11, EOS_ID], [12, EOS_ID, 0]])
+    tgt_out = torch.tensor([[20, 21, 22, EOS_ID], [23, EOS_ID, 0, 0]])
+    with torch.no_grad():
+        log_probs = token_log_probs(loaded.model, src, tgt_out)
+    assert log_probs.shape == (2, 4)
+    assert torch.all(log_probs[1, 2:] == 0) and torch.all(log_probs[:, :2] < 0)
+
+
+def test_mismatched_source_and_target_counts(random_checkpoint, pairs, tmp_path):
+    src_path, _, src, _ = pairs
+    short = tmp_path / "short.en"
+    short.write_text("A dog .\n", encoding="utf-8")
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short])
+    assert result.exit_code == 1
+    assert f"{short} has 1 lines" in result.stderr and f"has {len(src)}" in result.stderr
+
+
+def test_target_on_stdin_and_bad_normalize(random_checkpoint, pairs):
+    src_path, tgt_path, src, _ = pairs
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", "-"], input=tgt_path.read_bytes())
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == len(src)
+    bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--normalize", "avg"])
+    assert bad.exit_code == 1 and "--normalize must be one of" in bad.stderr
