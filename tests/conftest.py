@@ -72,3 +72,18 @@ def small_spm(tmp_path_factory, multi30k_dir) -> Path:
     return train_sentencepiece(
         [multi30k_dir / "val.de", multi30k_dir / "val.en"], prefix, TokenizerTrainConfig(vocab_size=500)
     )
+
+
+@pytest.fixture(scope="session")
+def random_checkpoint(tmp_path_factory, small_spm) -> Path:
+    """An untrained tiny model (seeded random weights) with the small_spm tokenizer, as a checkpoint file."""
+    from tfm_cli.checkpoint import save_model
+    from tfm_cli.model import Transformer
+    from tfm_cli.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(small_spm)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size)).eval()
+    path = tmp_path_factory.mktemp("random_checkpoint") / "model.safetensors"
+    save_model(path, model, tokenizer, tokenizer)
+    return path
