@@ -1,0 +1,265 @@
+"""Translation speed of tfm against the same weights in MarianMTModel.generate and CTranslate2.
+
+One run measures, side by side and interleaved, every engine on the same token ids:
+  tfm         tfm_cli.search.greedy_search / beam_search (incremental cache), float32
+  hf-marian   transformers MarianMTModel.generate (converted by bench/marian_convert.py), float32
+  ct2-float32 CTranslate2 Translator on that MarianMT directory (CTranslate2's own converter)
+  ct2-int8    the same, weights quantized to int8 at conversion
+Each (OMP_WAIT_POLICY, beam, engine, repeat) runs in its own subprocess, because OpenMP reads
+OMP_WAIT_POLICY once when torch or CTranslate2 loads. The subprocess loads the model, decodes
+the first batch once as a warm-up, then times decoding of all batches (tokenization excluded).
+Reported: median of the repeats' sentences/s and target tokens/s, tfm/peer ratios, and output
+agreement with tfm (whole-sentence identical outputs).
+
+Fairness settings (all engines): the same sentences, tokenized once with the checkpoint's
+sentencepiece model (+ EOS), sorted by length and cut into the same batches; the same beam;
+no length normalisation (tfm alpha 0, HF length_penalty 0, CTranslate2 length_penalty 0: the
+three define it differently); the same number of decoder steps: at most --max-steps, where tfm's
+last step is its forced EOS. Threads: intra-op 2 (torch.set_num_threads, CTranslate2
+intra_threads), inter 1.
+
+Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE]
+Without --model, a random Multi30k-size model that never emits EOS is made (bench/bench_model.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"
+ENGINES = ("tfm", "hf-marian", "ct2-float32", "ct2-int8")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One timed decoding run, as the worker subprocess receives it (JSON)."""
+
+    engine: str
+    beam: int
+    max_steps: int
+    threads: int
+    checkpoint: str
+    workdir: str
+    batches_file: str
+    output_file: str
+
+
+def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int) -> Path:
+    """Convert the checkpoint (MarianMT, CTranslate2 float32/int8) and write the batches as JSON.
+
+    Returns the batches file: a list of batches, each a list of [line_index, source ids + EOS],
+    sorted by source length (longest first) and cut into `batch_size` sentences.
+    """
+    from marian_convert import convert_to_ctranslate2, save_marian
+
+    from tfm_cli.checkpoint import load_model, read_checkpoint
+    from tfm_cli.textio import iter_lines
+
+    loaded = load_model(checkpoint)
+    save_marian(read_checkpoint(checkpoint), workdir / "marian")
+    for quantization in ("float32", "int8"):
+        convert_to_ctranslate2(workdir / "marian", workdir / f"ct2-{quantization}", quantization)
+    lines = list(iter_lines(str(source)))
+    eos = loaded.config.eos_id
+    ids = [loaded.src_tokenizer.encode_ids(line) + [eos] for line in lines]
+    order = sorted(range(len(ids)), key=lambda i: (-len(ids[i]), i))
+    batches = [[[i, ids[i]] for i in order[start : start + batch_size]] for start in range(0, len(order), batch_size)]
+    path = workdir / "batches.json"
+    path.write_text(json.dumps(batches))
+    return path
+
+
+def run_job(job: Job) -> None:
+    """Worker: decode every batch with one engine, write {seconds, outputs by line index} to job.output_file."""
+    batches = json.loads(Path(job.batches_file).read_text())
+    decode = load_engine(job)
+    decode(batches[0])  # warm-up: first call allocations, lazy initialisation
+    start = time.perf_counter()
+    outputs: dict[int, list[int]] = {}
+    for batch in batches:
+        for (index, _), tokens in zip(batch, decode(batch)):
+            outputs[index] = tokens
+    seconds = time.perf_counter() - start
+    Path(job.output_file).write_text(json.dumps({"seconds": seconds, "outputs": outputs}))
+
+
+def load_engine(job: Job):
+    """Returns decode(batch) -> list of output id lists (EOS excluded), for the job's engine."""
+    import torch
+
+    torch.set_num_threads(job.threads)
+    torch.set_num_interop_threads(1)
+    workdir = Path(job.workdir)
+    if job.engine == "tfm":
+        from tfm_cli.checkpoint import load_model
+        from tfm_cli.config import DecodeConfig
+        from tfm_cli.search import beam_search, greedy_search
+
+        model = load_model(job.checkpoint).model
+        pad = model.config.pad_id
+        # tfm counts its forced EOS as a step: max_steps - 1 tokens, then EOS.
+        decode_config = DecodeConfig(beam_size=job.beam, length_penalty=0.0, max_len_a=0.0, max_len_b=job.max_steps - 1)
+
+        def decode(batch):
+            src = padded([ids for _, ids in batch], pad)
+            if job.beam == 1:
+                return [h.tokens for h in greedy_search(model, src, 0.0, job.max_steps - 1)]
+            return [hyps[0].tokens for hyps in beam_search(model, src, decode_config)]
+
+        return decode
+    if job.engine == "hf-marian":
+        from marian_convert import load_marian
+
+        model = load_marian(workdir / "marian")
+        config = model.config
+
+        @torch.inference_mode()
+        def decode(batch):
+            src = padded([ids for _, ids in batch], config.pad_token_id)
+            generated = model.generate(
+                input_ids=src, attention_mask=(src != config.pad_token_id).long(), num_beams=job.beam,
+                do_sample=False, max_new_tokens=job.max_steps, length_penalty=0.0, early_stopping=False,
+            )
+            return [strip_marian(row.tolist(), config.eos_token_id, config.pad_token_id) for row in generated]
+
+        return decode
+    import ctranslate2
+
+    from marian_convert import read_vocabularies
+
+    vocab = read_vocabularies(workdir / "marian")
+    piece_id = {piece: i for i, piece in enumerate(vocab.tgt)}
+    translator = ctranslate2.Translator(
+        str(workdir / job.engine), device="cpu", inter_threads=1, intra_threads=job.threads
+    )
+
+    def decode(batch):
+        results = translator.translate_batch(
+            [[vocab.src[i] for i in ids] for _, ids in batch], beam_size=job.beam, length_penalty=0.0,
+            max_decoding_length=job.max_steps, max_batch_size=len(batch), return_scores=False,
+        )
+        return [[piece_id[piece] for piece in result.hypotheses[0]] for result in results]
+
+    return decode
+
+
+def padded(rows: list[list[int]], pad: int):
+    """Lists of ids -> (B, S) int64 tensor, right-padded with `pad`."""
+    import torch
+
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+def strip_marian(row: list[int], eos: int, pad: int) -> list[int]:
+    """A generate() row [start, y1, ..., EOS, pad...] -> [y1, ...] (EOS and what follows dropped)."""
+    tokens = row[1:]
+    return tokens[: tokens.index(eos)] if eos in tokens else [t for t in tokens if t != pad]
+
+
+def run_in_subprocess(job: Job, policy: str) -> dict:
+    """Run `job` in a fresh interpreter with OMP_WAIT_POLICY=policy; returns its JSON result."""
+    env = dict(os.environ, OMP_WAIT_POLICY=policy, OMP_NUM_THREADS=str(job.threads), TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), env.get("PYTHONPATH", "")])
+    subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job.__dict__)],
+        env=env, check=True, stdout=subprocess.DEVNULL,
+    )
+    return json.loads(Path(job.output_file).read_text())
+
+
+def target_tokens(outputs: dict[str, list[int]], max_steps: int) -> int:
+    """Decoder positions produced: each output's tokens plus its EOS, capped at max_steps per sentence."""
+    return sum(min(len(tokens) + 1, max_steps) for tokens in outputs.values())
+
+
+def agreement(reference: dict[str, list[int]], other: dict[str, list[int]], max_steps: int) -> float:
+    """Percent of sentences whose outputs are identical over the first max_steps - 1 tokens."""
+    same = sum(reference[k][: max_steps - 1] == other[k][: max_steps - 1] for k in reference)
+    return 100.0 * same / len(reference)
+
+
+def machine_description() -> str:
+    """CPU model name and core count (lscpu), Python, torch, transformers and CTranslate2 versions."""
+    model = "unknown CPU"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import ctranslate2
+    import torch
+    import transformers
+
+    return (
+        f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}; no GPU"
+    )
+
+
+def main() -> None:
+    """Prepare once, run every configuration interleaved, print a markdown table."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        run_job(Job(**json.loads(sys.argv[2])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="tfm checkpoint; default: a random Multi30k-size model")
+    parser.add_argument("--source", type=Path, default=MULTI30K / "test_2016_flickr.de")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-translate"))
+    parser.add_argument("--runs", type=int, default=3, help="repeats per configuration (median reported)")
+    parser.add_argument("--beams", default="1,5")
+    parser.add_argument("--policies", default="PASSIVE,ACTIVE", help="OMP_WAIT_POLICY values to run")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch, the same for every engine")
+    parser.add_argument("--max-steps", type=int, default=24, help="decoder steps per sentence at most (EOS included)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(BENCH_DIR))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint = args.model
+    if checkpoint is None:
+        from bench_model import make_bench_checkpoint
+
+        checkpoint = make_bench_checkpoint(args.workdir / "random.safetensors")
+    batches_file = prepare(checkpoint, args.workdir, args.source, args.batch_size)
+    engines = args.engines.split(",")
+    n_sentences = sum(len(b) for b in json.loads(batches_file.read_text()))
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine_description()}")
+    print(f"# model {checkpoint}; {n_sentences} sentences from {args.source}; batch {args.batch_size} sentences; "
+          f"max {args.max_steps} decoder steps; {args.threads} threads; median of {args.runs} runs")
+    print("| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | agreement with tfm |")
+    print("|---|---|---|---|---|---|---|")
+    for policy in args.policies.split(","):
+        for beam in (int(b) for b in args.beams.split(",")):
+            seconds: dict[str, list[float]] = {e: [] for e in engines}
+            outputs: dict[str, dict] = {}
+            for repeat in range(args.runs):
+                for engine in engines:  # interleaved, so load changes hit every engine alike
+                    job = Job(engine, beam, args.max_steps, args.threads, str(checkpoint), str(args.workdir),
+                              str(batches_file), str(args.workdir / f"out-{engine}.json"))
+                    result = run_in_subprocess(job, policy)
+                    seconds[engine].append(result["seconds"])
+                    outputs[engine] = result["outputs"]
+                    print(f"  {policy} beam {beam} {engine} run {repeat + 1}: {result['seconds']:.2f} s", file=sys.stderr)
+            median = {e: statistics.median(s) for e, s in seconds.items()}
+            for engine in engines:
+                tokens = target_tokens(outputs[engine], args.max_steps)
+                ratio = median[engine] / median["tfm"] if "tfm" in median else float("nan")
+                agree = agreement(outputs["tfm"], outputs[engine], args.max_steps) if "tfm" in outputs else float("nan")
+                print(f"| {policy} | {beam} | {engine} | {n_sentences / median[engine]:.1f} | "
+                      f"{tokens / median[engine]:.0f} | {ratio:.2f} | {agree:.1f}% |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
