@@ -47,7 +47,8 @@ def test_scores_equal_directly_summed_token_log_probs(random_checkpoint, pairs):
         expected = direct_log_probs(loaded, s, t)
         assert record["tokens"] == len(expected)
         assert record["raw"] == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-4)
-        assert record["score"] == record["raw"]  # --normalize none is the default
+        # --normalize length is the default: raw / ((5 + n) / 6) ** 0.6, as translate --scores prints.
+        assert record["score"] == pytest.approx(record["raw"] / ((5 + record["tokens"]) / 6) ** 0.6, abs=1e-9)
         torch.testing.assert_close(torch.tensor(record["token_log_probs"]), expected, atol=1e-4, rtol=1e-5)
     assert "nats/token" in result.stderr
 

@@ -59,14 +59,12 @@ def heat_style(weight: float) -> Style:
     return Style(color="black" if level > 0.5 else "white", bgcolor=Color.from_rgb(red, green, blue))
 
 
-def heatmap_table(
-    matrix: list[list[float]], row_labels: list[str], col_labels: list[str], title: str | None = None
-) -> Table:
+def heatmap_table(matrix: list[list[float]], row_labels: list[str], col_labels: list[str]) -> Table:
     """An attention heatmap: rows = query tokens, columns = key tokens, each cell the weight x 100.
 
     On a terminal the cell background shades from black (0) to yellow (1); piped, the numbers remain.
     """
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), caption="cells: attention weight x 100")
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0))
     table.add_column("", justify="right", style="bold", no_wrap=True)
     for label in col_labels:
         table.add_column(escape(label), justify="right", no_wrap=True, min_width=3)
@@ -76,11 +74,9 @@ def heatmap_table(
     return table
 
 
-def matrix_table(
-    matrix: list[list[float]], row_labels: list[str], col_labels: list[str], title: str, decimals: int = 3
-) -> Table:
+def matrix_table(matrix: list[list[float]], row_labels: list[str], col_labels: list[str], decimals: int = 3) -> Table:
     """A labelled numeric matrix (rows = tokens), each value printed with `decimals` decimals."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("", style="bold", no_wrap=True)
     for label in col_labels:
         table.add_column(escape(label), justify="right", no_wrap=True)

@@ -1,16 +1,333 @@
-"""`tfm inspect-attention` (not built yet)."""
+"""`tfm inspect-attention`: which source words each target word attends to (heatmaps, alignments, walkthrough)."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import typer
 
-from tfm_cli.commands.not_built import refuse
+from tfm_cli.console import heatmap_table, matrix_table, print_info, print_warning, stdout_console
+from tfm_cli.errors import TfmError
 
-EPILOG = "Not built yet."
+EPILOG = (
+    "Examples:\n\n"
+    "  tfm inspect-attention -m model.safetensors \"Ein Mann fährt Fahrrad .\"              # heatmap, last layer, mean of heads\n\n"
+    "  tfm inspect-attention -m model.safetensors --words --format pharaoh < test.de > test.align\n\n"
+    "  tfm inspect-attention --walkthrough --seed-example                                # the design document's worked example\n\n"
+    "Rows are output tokens (row t is the step that generated token t), columns are source tokens; "
+    "</s> is EOS. --words merges pieces into the words of the text: a source word's weight is the sum "
+    "over its pieces, a target word's row the mean over its pieces. Alignments drop </s> and take, for "
+    "each target word, the source word with the largest weight (Pharaoh src-tgt pairs, 0-based)."
+)
+FORMATS = ("heatmap", "pharaoh", "json", "csv")
 
 
-def inspect_attention(args: Optional[List[str]] = typer.Argument(None, hidden=True)) -> None:
-    """Not built yet: prints one line and exits 2."""
-    refuse("inspect-attention")
+@dataclass
+class Example:
+    """One sentence pair ready to inspect: texts, ids and pieces of both sides."""
+
+    source: str
+    target: str
+    src_ids: list[int]
+    tgt_ids: list[int]
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+
+
+def inspect_attention(
+    sentence: Optional[str] = typer.Argument(None, help="The source sentence; omitted: every line of --input."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="The checkpoint (.safetensors)."),
+    input: str = typer.Option("-", "-i", "--input", help="Source sentences, one per line, when no SENTENCE is given; `-` = stdin."),
+    target: Optional[str] = typer.Option(None, "--target", help="Force this translation of SENTENCE instead of translating it."),
+    target_file: Optional[str] = typer.Option(None, "--target-file", help="Forced translations, line-parallel to --input."),
+    kind: str = typer.Option("cross", "--kind", help="cross (target x source), encoder (source self-attention) or decoder (target self-attention)."),
+    layer: int = typer.Option(-1, "--layer", help="Layer index, 0-based; negative counts from the end (-1 = last)."),
+    head: str = typer.Option("mean", "--head", help="A head index (0-based) or `mean` (the average over heads)."),
+    words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
+    output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
+    reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),
+    png: Optional[str] = typer.Option(None, "--png", help="Also save the heatmap as a labelled PNG image (needs the `plot` extra: pip install 'tfm-cli[plot]')."),
+    walkthrough: bool = typer.Option(False, "--walkthrough", help="Print one head's computation step by step: X, Q, K, V, Q K^T, scaled, softmax rows, output rows."),
+    seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
+    dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
+    beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy)."),
+    device: str = typer.Option("cpu", "--device", help="Torch device (cpu, cuda, mps)."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
+) -> None:
+    """Show the attention of a translation: heatmaps, word alignments, and one head step by step."""
+    output_format = "json" if as_json else output_format
+    if output_format not in FORMATS:
+        raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
+    head_index = parse_head(head)
+    if seed_example:
+        if not walkthrough:
+            raise TfmError("--seed-example goes with --walkthrough")
+        from tfm_cli.inspection import seed_walkthrough
+
+        render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims)
+        return
+    if model is None:
+        raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
+    import torch
+
+    from tfm_cli.checkpoint import load_model
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    loaded = load_model(model, device=device)
+    reverse = load_model(reverse_model, device=device) if reverse_model else None
+    if reverse is not None and (output_format != "pharaoh" or kind != "cross"):
+        raise TfmError("--reverse-model intersects two alignments: use it with --format pharaoh (and --kind cross)")
+    if output_format == "pharaoh" and kind != "cross":
+        raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
+    examples = read_examples(loaded, sentence, input, target, target_file, beam, quiet)
+    if walkthrough:
+        if head_index is None:
+            print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
+        for example in examples:
+            render_model_walkthrough(loaded, example, kind, layer, head_index or 0, output_format, dims)
+        return
+    count = 0
+    for example in examples:
+        count += 1
+        if png is not None and count > 1:
+            raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
+        view = attention_view(loaded, example, kind, layer, head_index, words)
+        if output_format == "pharaoh":
+            write_alignment(loaded, reverse, example, layer, head_index)
+        elif output_format == "json":
+            write_json(example, view, kind, layer, head, words)
+        elif output_format == "csv":
+            write_csv(view, count - 1, header=count == 1)
+        else:
+            title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
+            print_tables([(title, heatmap_table(view["matrix"], view["rows"], view["columns"]))])
+        if png is not None:
+            save_png(png, view, kind)
+            print_info(f"wrote {png}", quiet=quiet)
+        sys.stdout.flush()
+
+
+def parse_head(head: str) -> int | None:
+    """`mean` -> None; an integer string -> that head index."""
+    if head == "mean":
+        return None
+    try:
+        return int(head)
+    except ValueError:
+        raise TfmError(f"--head must be a head index or `mean`, got {head!r}") from None
+
+
+def read_examples(loaded, sentence, input, target, target_file, beam, quiet):
+    """Yield an Example per source sentence: forced targets if given, else the model's translation."""
+    from tfm_cli.textio import iter_lines
+
+    if target is not None and sentence is None:
+        raise TfmError("--target forces the translation of one SENTENCE; for many lines use --target-file")
+    if target is not None and target_file is not None:
+        raise TfmError("give --target or --target-file, not both")
+    sources = iter([sentence]) if sentence is not None else iter_lines(input)
+    targets = iter([target]) if target is not None else (iter_lines(target_file) if target_file else None)
+    for number, source in enumerate(sources, start=1):
+        if targets is None:
+            forced = None
+        else:
+            forced = next(targets, None)
+            if forced is None:
+                raise TfmError(f"--target-file has fewer lines than the input ({number - 1}); they must be line-parallel")
+        yield make_example(loaded, source, forced, beam, quiet)
+
+
+def make_example(loaded, source: str, target: str | None, beam: int, quiet: bool) -> Example:
+    """Tokenize `source`; use `target` or translate it (beam search, or greedy for beam 1)."""
+    import torch
+
+    from tfm_cli.config import DecodeConfig
+    from tfm_cli.search import beam_search, greedy_search
+
+    src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
+    src_ids = src_tok.encode_ids(source)
+    if target is None:
+        config = loaded.config
+        device = next(loaded.model.parameters()).device
+        src = torch.tensor([src_ids + [config.eos_id]], device=device)  # (1, S)
+        if beam <= 1:
+            tgt_ids = greedy_search(loaded.model, src)[0].tokens
+        else:
+            tgt_ids = beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
+        target = tgt_tok.decode_ids(tgt_ids)
+        print_info(f"translation: {target}", quiet=quiet)
+    else:
+        tgt_ids = tgt_tok.encode_ids(target)
+    return Example(
+        source, target, src_ids, tgt_ids,
+        [src_tok.id_to_piece(i) for i in src_ids], [tgt_tok.id_to_piece(i) for i in tgt_ids],
+    )
+
+
+def attention_view(loaded, example: Example, kind: str, layer: int, head: int | None, words: bool) -> dict[str, Any]:
+    """The matrix to show (as nested lists) with its row and column labels."""
+    from tfm_cli.inspection import attention_maps, matrix_axes, select_matrix, to_words
+
+    maps = attention_maps(loaded.model, example.src_ids, example.tgt_ids)
+    matrix = select_matrix(maps, kind, layer, head)
+    rows, columns = matrix_axes(kind, example.src_pieces, example.tgt_pieces)
+    if words:
+        return {"matrix": to_words(matrix, rows, columns).tolist(), "rows": rows.word_labels, "columns": columns.word_labels}
+    return {"matrix": matrix.tolist(), "rows": rows.labels, "columns": columns.labels}
+
+
+def word_pairs(loaded, src_pieces, tgt_pieces, src_ids, tgt_ids, layer, head) -> tuple[list[tuple[int, int]], int, int]:
+    """Word-level argmax alignment of one direction; returns (pairs, source words, target words)."""
+    from tfm_cli.inspection import attention_maps, matrix_axes, select_matrix, to_words, word_alignment
+
+    matrix = select_matrix(attention_maps(loaded.model, src_ids, tgt_ids), "cross", layer, head)
+    rows, columns = matrix_axes("cross", src_pieces, tgt_pieces)
+    merged = to_words(matrix, rows, columns)
+    return word_alignment(merged), len(columns.word_spans) - 1, len(rows.word_spans) - 1
+
+
+def write_alignment(loaded, reverse, example: Example, layer: int, head: int | None) -> None:
+    """Print one Pharaoh line: word-level argmax pairs, intersected with the reverse model's if given."""
+    from tfm_cli.alignment import intersect, pharaoh, transpose_pairs
+
+    pairs, n_src, n_tgt = word_pairs(
+        loaded, example.src_pieces, example.tgt_pieces, example.src_ids, example.tgt_ids, layer, head
+    )
+    if reverse is not None:
+        rev_src_ids = reverse.src_tokenizer.encode_ids(example.target)
+        rev_tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
+        backward, rev_n_src, rev_n_tgt = word_pairs(
+            reverse,
+            [reverse.src_tokenizer.id_to_piece(i) for i in rev_src_ids],
+            [reverse.tgt_tokenizer.id_to_piece(i) for i in rev_tgt_ids],
+            rev_src_ids, rev_tgt_ids, layer, head,
+        )
+        if (rev_n_src, rev_n_tgt) != (n_tgt, n_src):
+            raise TfmError(
+                f"the reverse model splits the pair into {rev_n_tgt}+{rev_n_src} words, the forward model into "
+                f"{n_src}+{n_tgt}; their tokenizers normalise text differently, so the alignments cannot be intersected"
+            )
+        pairs = intersect(pairs, transpose_pairs(backward))
+    sys.stdout.write(pharaoh(pairs) + "\n")
+
+
+def write_json(example: Example, view: dict[str, Any], kind: str, layer: int, head: str, words: bool) -> None:
+    """One JSON object per sentence: texts, labels, the matrix, and (cross) the word alignment."""
+    from tfm_cli.alignment import hard_alignment, pharaoh
+
+    import torch
+
+    record = {
+        "source": example.source, "target": example.target, "kind": kind, "layer": layer, "head": head,
+        "level": "words" if words else "pieces", "rows": view["rows"], "columns": view["columns"],
+        "matrix": view["matrix"],
+    }
+    if kind == "cross":
+        # The alignment of the shown matrix: its last row and column are </s>, which never align.
+        record["alignment"] = pharaoh(hard_alignment(torch.tensor(view["matrix"])[:-1, :-1]))
+    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_csv(view: dict[str, Any], sentence: int, header: bool) -> None:
+    """Long-format CSV: sentence,row,column,row_token,column_token,weight (one line per cell)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header:
+        writer.writerow(["sentence", "row", "column", "row_token", "column_token", "weight"])
+    for i, (label, values) in enumerate(zip(view["rows"], view["matrix"])):
+        for j, (column, value) in enumerate(zip(view["columns"], values)):
+            writer.writerow([sentence, i, j, label, column, f"{value:.6g}"])
+    sys.stdout.write(buffer.getvalue())
+
+
+def print_tables(items: list[tuple[str, Any]]) -> None:
+    """Print (heading, rich table) pairs on stdout; piped, at their natural width so nothing wraps."""
+    console = stdout_console()
+    if not console.is_terminal:
+        width = max(max(console.measure(table).maximum, len(heading)) for heading, table in items)
+        console = stdout_console(width=max(width, 20))
+    for heading, table in items:
+        console.print(heading, style="bold", markup=False)
+        console.print(table)
+
+
+def render_model_walkthrough(loaded, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int) -> None:
+    """The walkthrough of one head of a model on one sentence pair."""
+    from tfm_cli.inspection import EOS_LABEL, model_walkthrough
+
+    src_labels = example.src_pieces + [EOS_LABEL]
+    tgt_labels = example.tgt_pieces + [EOS_LABEL]
+    steps = model_walkthrough(loaded.model, example.src_ids, example.tgt_ids, kind, layer, head, src_labels, tgt_labels)
+    render_walkthrough(steps, f"{kind}-attention, layer {layer}, head {head}", output_format, dims, kind == "cross")
+
+
+def render_walkthrough(steps, title: str, output_format: str, dims: int, cross: bool = False) -> None:
+    """Print the walkthrough's matrices: tables (values 3 decimals, weights 4), or all numbers as JSON."""
+    if output_format == "json":
+        record = {"title": title, "d_k": steps.d_k, "query_tokens": steps.query_labels, "key_tokens": steps.key_labels}
+        for name in ("x", "q", "k", "v", "scores", "scaled", "weights", "output"):
+            values = getattr(steps, name).tolist()
+            record[name] = [[None if v == float("-inf") else v for v in row] for row in values]
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return
+    if output_format != "heatmap":
+        raise TfmError("--walkthrough prints tables, or --format json")
+
+    def columns(matrix):
+        shown = min(dims, matrix.size(1))
+        note = "" if shown == matrix.size(1) else f", first {shown} of {matrix.size(1)} columns"
+        return matrix[:, :shown].tolist(), [str(i) for i in range(shown)], note
+
+    queries, keys = steps.query_labels, steps.key_labels
+    source = "Z" if cross else "X"  # cross-attention: keys and values come from the encoder memory Z
+    print_info(f"{title}: d_k = {steps.d_k}")
+    items = []
+    for matrix, labels, heading in (
+        (steps.x, queries, "X: the attention's input rows"),
+        (steps.q, queries, "Q = X W^Q"),
+        (steps.k, keys, f"K = {source} W^K" + (" (Z: the encoder memory)" if cross else "")),
+        (steps.v, keys, f"V = {source} W^V"),
+    ):
+        values, column_labels, note = columns(matrix)
+        items.append((heading + note, matrix_table(values, labels, column_labels)))
+    items.append(("Q K^T (row: query token, column: key token)", matrix_table(steps.scores.tolist(), queries, keys)))
+    items.append((f"Q K^T / sqrt(d_k), d_k = {steps.d_k}", matrix_table(steps.scaled.tolist(), queries, keys)))
+    items.append(("softmax rows: the attention weights (each row sums to 1)",
+                  matrix_table(steps.weights.tolist(), queries, keys, decimals=4)))
+    values, column_labels, note = columns(steps.output)
+    items.append(("output rows = softmax rows @ V" + note, matrix_table(values, queries, column_labels)))
+    print_tables(items)
+
+
+def save_png(path: str, view: dict[str, Any], kind: str) -> None:
+    """Save the heatmap as a labelled image with matplotlib (the optional `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TfmError("--png needs matplotlib: pip install 'tfm-cli[plot]' (or pip install matplotlib)") from None
+    rows, columns = view["rows"], view["columns"]
+    figure, axes = plt.subplots(figsize=(max(4, 0.5 * len(columns) + 2), max(3, 0.4 * len(rows) + 1.5)))
+    image = axes.imshow(view["matrix"], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    axes.set_xticks(range(len(columns)), labels=columns, rotation=60, ha="right")
+    axes.set_yticks(range(len(rows)), labels=rows)
+    axes.set_xlabel("source" if kind == "cross" else "key")
+    axes.set_ylabel("target" if kind != "encoder" else "query")
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as error:
+        raise TfmError(f"{path}: cannot write the image ({error.strerror or error})") from None
+    finally:
+        plt.close(figure)

@@ -15,7 +15,10 @@ EPILOG = (
     "Examples:\n\n"
     "  tfm score -r ref.en -i hyp.en                              # BLEU, chrF2, TER with signatures\n\n"
     "  tfm translate -m model.safetensors < test.de | tfm score -r test.en --metrics bleu,chrf++ --json\n\n"
-    "  tfm score -m model.safetensors --src test.de --tgt test.en --normalize per-token"
+    "  tfm score -m model.safetensors --src test.de --tgt test.en --normalize per-token\n\n"
+    "Model scores use natural logs and count EOS: with n = target tokens + 1, raw = sum of the n "
+    "log-probs; the default --normalize length prints raw / ((5 + n) / 6) ** alpha, which equals "
+    "`tfm translate --scores` with the same --length-penalty."
 )
 
 
@@ -30,8 +33,8 @@ def score(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Score --tgt given --src with this checkpoint (forced decoding) instead of metrics."),
     src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
-    normalize: str = typer.Option("none", "--normalize", help="With -m: none (sum of token log-probs, EOS included), length (divided by the GNMT length penalty, as translate ranks) or per-token (divided by the token count, EOS included)."),
-    alpha: float = typer.Option(0.6, "--length-penalty", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
+    normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
+    alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
     device: str = typer.Option("cpu", "--device", help="With -m: torch device (cpu, cuda, cuda:1, mps)."),
     threads: int = typer.Option(0, "--threads", help="With -m: CPU threads for torch (0 = torch's default)."),
@@ -158,7 +161,7 @@ def score_with_model(
                 }
                 out.write(json.dumps(record) + "\n")
             else:
-                out.write(f"{value:.6f}\n")
+                out.write(f"{value:.6f}\n")  # the precision translate --scores prints
             out.flush()
             total_log_prob += result.raw
             total_tokens += result.n_tokens

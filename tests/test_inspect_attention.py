@@ -1,0 +1,246 @@
+"""`tfm inspect-attention`: attention invariants, word merge and Pharaoh through the CLI, the seed example."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import run_cli
+from tfm_cli.checkpoint import load_model
+
+SOURCE = "Ein Mann fährt Fahrrad auf der Straße ."
+TARGET = "A man rides a bicycle on the street ."
+
+# The seed document's figures (shared/seed/README.md), copied from the document, not from a tfm run.
+DOC_Q = [["0.520", "0.225", "0.125"], ["0.550", "0.780", "1.550"], ["0.275", "1.125", "0.450"], ["1.550", "0.050", "2.450"]]
+DOC_K = [["0.422", "0.227", "0.100"], ["0.410", "0.524", "1.546"], ["0.250", "1.115", "0.465"], ["0.860", "0.135", "2.020"]]
+DOC_V = [["0.353", "-0.310", "1.047", "-0.095", "0.729", "-0.140"], ["-0.010", "1.004", "0.000", "1.306", "-0.120", "1.018"],
+         ["0.120", "0.155", "1.165", "0.050", "1.225", "-0.030"], ["0.075", "0.230", "0.095", "1.250", "0.360", "1.660"]]
+DOC_SCORE_LOVE_I = "0.564"
+DOC_SOFTMAX_LOVE = ["0.0754", "0.3133", "0.1477", "0.4636"]
+
+
+def table_rows(text: str, heading: str) -> dict[str, list[str]]:
+    """The rows of the table printed under `heading`: token label -> cell strings."""
+    block = text.split(heading + "\n", 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in block.splitlines()[3:]:
+        if not line.strip():
+            break
+        label, *cells = line.split()
+        rows[label] = cells
+    return rows
+
+
+def inspect_json(checkpoint, *args) -> dict:
+    result = run_cli(["inspect-attention", "-m", checkpoint, SOURCE, "--target", TARGET, "--json", *args])
+    assert result.exit_code == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    return json.loads(line)
+
+
+def test_seed_example_walkthrough_reproduces_the_documents_figures():
+    result = run_cli(["inspect-attention", "--walkthrough", "--seed-example"])
+    assert result.exit_code == 0, result.stderr
+    tokens = ["I", "love", "your", "dog"]
+    q, k = table_rows(result.stdout, "Q = X W^Q"), table_rows(result.stdout, "K = X W^K")
+    v = table_rows(result.stdout, "V = X W^V")
+    assert [q[t] for t in tokens] == DOC_Q
+    assert [k[t] for t in tokens] == DOC_K
+    assert [v[t] for t in tokens] == DOC_V
+    scores = table_rows(result.stdout, "Q K^T (row: query token, column: key token)")
+    assert scores["love"][0] == DOC_SCORE_LOVE_I
+    softmax = table_rows(result.stdout, "softmax rows: the attention weights (each row sums to 1)")
+    assert softmax["love"] == DOC_SOFTMAX_LOVE
+    # Scaled scores are the raw scores over sqrt(d_k) = sqrt(3); output rows are softmax rows @ V.
+    scaled = table_rows(result.stdout, "Q K^T / sqrt(d_k), d_k = 3")
+    assert float(scaled["love"][0]) == pytest.approx(0.564 / 3**0.5, abs=1e-3)
+    weights = torch.tensor([[float(c) for c in softmax[t]] for t in tokens])
+    values = torch.tensor([[float(c) for c in row] for row in DOC_V])
+    output = table_rows(result.stdout, "output rows = softmax rows @ V")
+    torch.testing.assert_close(torch.tensor([[float(c) for c in output[t]] for t in tokens]), weights @ values,
+                               atol=2e-3, rtol=0)
+
+
+def test_seed_example_as_json():
+    result = run_cli(["inspect-attention", "--walkthrough", "--seed-example", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["d_k"] == 3 and record["query_tokens"] == ["I", "love", "your", "dog"]
+    torch.testing.assert_close(torch.tensor(record["q"]), torch.tensor([[float(c) for c in r] for r in DOC_Q]),
+                               atol=5e-4, rtol=0)
+    assert record["scores"][1][0] == pytest.approx(0.564, abs=5e-4)
+    assert record["weights"][1] == pytest.approx([float(c) for c in DOC_SOFTMAX_LOVE], abs=5e-5)
+
+
+def test_every_attention_row_sums_to_one_and_masked_positions_are_zero(random_checkpoint):
+    from tfm_cli.inspection import attention_maps
+
+    loaded = load_model(random_checkpoint)
+    src_ids, tgt_ids = loaded.src_tokenizer.encode_ids(SOURCE), loaded.tgt_tokenizer.encode_ids(TARGET)
+    maps = attention_maps(loaded.model, src_ids, tgt_ids)
+    S, T = len(src_ids) + 1, len(tgt_ids) + 1
+    assert [w.shape for w in maps.encoder] == [(4, S, S)] * 2
+    assert [w.shape for w in maps.cross] == [(4, T, S)] * 2
+    for weights in maps.encoder + maps.decoder + maps.cross:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5, rtol=0)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for weights in maps.decoder:
+        assert torch.all(weights[:, future] == 0) and torch.all(weights[:, ~future] > 0)
+    for kind in ("cross", "encoder", "decoder"):
+        record = inspect_json(random_checkpoint, "--kind", kind, "--head", "2", "--layer", "0")
+        matrix = torch.tensor(record["matrix"])
+        torch.testing.assert_close(matrix.sum(1), torch.ones(matrix.size(0)), atol=1e-5, rtol=0)
+        assert matrix.shape == (len(record["rows"]), len(record["columns"]))
+        torch.testing.assert_close(matrix, getattr(maps, kind)[0][2], atol=1e-6, rtol=0)
+
+
+def test_word_level_matrix_sums_source_pieces_and_averages_target_pieces(random_checkpoint):
+    pieces = inspect_json(random_checkpoint)
+    words = inspect_json(random_checkpoint, "--words")
+    assert words["columns"] == SOURCE.split() + ["</s>"] and words["rows"] == TARGET.split() + ["</s>"]
+
+    def groups(labels: list[str]) -> list[list[int]]:
+        # Recomputed here from the piece labels: a '▁' starts a word, a bare '▁' joins the next piece.
+        spans: list[list[int]] = []
+        open_space = False
+        for i, label in enumerate(labels):
+            if label == "</s>":
+                spans.append([i])
+            elif label == "▁":
+                spans.append([i])
+                open_space = True
+            elif label.startswith("▁") or not spans:
+                spans.append([i]) if not open_space else spans[-1].append(i)
+                open_space = False
+            else:
+                spans[-1].append(i)
+                open_space = False
+        return spans
+
+    matrix = pieces["matrix"]
+    expected = [
+        [sum(sum(matrix[r][c] for c in cols) for r in rows) / len(rows) for cols in groups(pieces["columns"])]
+        for rows in groups(pieces["rows"])
+    ]
+    torch.testing.assert_close(torch.tensor(words["matrix"]), torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_pharaoh_is_the_argmax_of_the_word_matrix_without_eos(random_checkpoint):
+    words = inspect_json(random_checkpoint, "--words")
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--words",
+                      "--format", "pharaoh"])
+    assert result.exit_code == 0, result.stderr
+    expected = []
+    for t, row in enumerate(words["matrix"][:-1]):
+        real = row[:-1]
+        expected.append(f"{real.index(max(real))}-{t}")
+    assert result.stdout == " ".join(expected) + "\n"
+    assert words["alignment"] == " ".join(expected)
+
+
+def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpoint, tmp_path):
+    sources, targets = tmp_path / "src", tmp_path / "tgt"
+    sources.write_text(f"{SOURCE}\nEin Hund .\n\n", encoding="utf-8")
+    targets.write_text(f"{TARGET}\nA dog .\nA cat .\n", encoding="utf-8")
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", targets,
+                      "--words", "--format", "pharaoh"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[3] == ""
+    assert len(lines[1].split()) == 3 and lines[2] == ""  # an empty source has no word to align to
+    assert all(re.fullmatch(r"(\d+-\d+ ?)*", line) for line in lines)
+
+
+def test_intersection_with_a_reverse_model(random_checkpoint):
+    def align(source, target, *extra):
+        result = run_cli(["inspect-attention", "-m", random_checkpoint, source, "--target", target, "--words",
+                          "--format", "pharaoh", *extra])
+        assert result.exit_code == 0, result.stderr
+        return {tuple(map(int, pair.split("-"))) for pair in result.stdout.split()}
+
+    forward = align(SOURCE, TARGET)
+    backward = {(s, t) for t, s in align(TARGET, SOURCE)}
+    both = align(SOURCE, TARGET, "--reverse-model", random_checkpoint)
+    assert both == forward & backward
+
+
+def test_heatmap_on_stdout_and_translation_on_stderr(random_checkpoint):
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--words", "--beam", "2"], input="Ein Hund .\n")
+    assert result.exit_code == 0, result.stderr
+    assert "translation:" in result.stderr and "translation" not in result.stdout
+    assert "cross-attention, layer -1, head mean, words" in result.stdout
+    header = result.stdout.splitlines()[2].split()
+    assert header == ["Ein", "Hund", ".", "</s>"]
+    assert "\x1b[" not in result.stdout  # piped: no colour codes
+
+
+def test_csv_long_format(random_checkpoint):
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--format", "csv",
+                      "--words", "--kind", "encoder"])
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    n = len(SOURCE.split()) + 1
+    assert len(rows) == n * n
+    for i in range(n):
+        assert sum(float(r["weight"]) for r in rows if r["row"] == str(i)) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_model_walkthrough_matches_the_models_own_attention(random_checkpoint):
+    for kind in ("cross", "decoder", "encoder"):
+        result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--walkthrough",
+                          "--kind", kind, "--layer", "1", "--head", "3", "--json"])
+        assert result.exit_code == 0, result.stderr
+        steps = json.loads(result.stdout)
+        maps = inspect_json(random_checkpoint, "--kind", kind, "--layer", "1", "--head", "3")
+        torch.testing.assert_close(torch.tensor(steps["weights"]), torch.tensor(maps["matrix"]), atol=1e-5, rtol=0)
+        assert steps["query_tokens"] == maps["rows"] and steps["key_tokens"] == maps["columns"]
+        assert steps["d_k"] == 8
+        if kind == "decoder":
+            assert steps["scaled"][0][1] is None  # -inf above the diagonal: the causal mask
+
+
+def test_png_written_or_clear_message(random_checkpoint, tmp_path, monkeypatch):
+    image = tmp_path / "attention.png"
+    args = ["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--png", image, "-q"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        matplotlib = None
+    if matplotlib is not None:
+        result = run_cli(args)
+        assert result.exit_code == 0, result.stderr
+        assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `plot` extra were not installed
+    result = run_cli(args)
+    assert result.exit_code == 1 and "pip install 'tfm-cli[plot]'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layer", "2"], "--layer 2 does not exist: the model has 2 decoder layers"),
+        (["--kind", "encoder", "--layer", "-3"], "--layer -3 does not exist: the model has 2 encoder layers"),
+        (["--head", "4"], "--head 4 does not exist: the model has 4 heads"),
+        (["--walkthrough", "--head", "-5"], "--head -5 does not exist"),
+        (["--head", "all"], "--head must be a head index or `mean`"),
+        (["--kind", "self"], "--kind must be one of"),
+        (["--format", "pharaoh", "--kind", "encoder"], "--format pharaoh needs --kind cross"),
+        (["--format", "svg"], "--format must be one of"),
+    ],
+)
+def test_bad_options_are_one_line_errors(random_checkpoint, args, message):
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, *args])
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_model_is_required_without_the_seed_example():
+    result = run_cli(["inspect-attention", SOURCE])
+    assert result.exit_code == 1 and "-m/--model is required" in result.stderr
