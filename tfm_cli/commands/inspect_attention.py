@@ -252,7 +252,9 @@ def print_tables(items: list[tuple[str, Any]]) -> None:
     """Print (heading, rich table) pairs on stdout; piped, at their natural width so nothing wraps."""
     console = stdout_console()
     if not console.is_terminal:
-        width = max(max(console.measure(table).maximum, len(heading)) for heading, table in items)
+        # Measure on an unbounded console: a measurement never exceeds the console it is taken on.
+        wide = stdout_console(width=100_000)
+        width = max(max(wide.measure(table).maximum, len(heading)) for heading, table in items)
         console = stdout_console(width=max(width, 20))
     for heading, table in items:
         console.print(heading, style="bold", markup=False)
