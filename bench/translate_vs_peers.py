@@ -1,7 +1,11 @@
 """Translation speed of tfm against the same weights in MarianMTModel.generate and CTranslate2.
 
 One run measures, side by side and interleaved, every engine on the same token ids:
-  tfm         tfm_cli.search.greedy_search / beam_search (incremental cache), float32
+  tfm         tfm_cli.search.greedy_search / beam_search (incremental cache), float32, on the
+              same batches as the peers
+  tfm-translate  the `tfm translate` library path (tfm_cli.translation.Translator.translate_chunk on
+              the raw lines: tokenization, its own equal-source-length batching with its default
+              --batch-size/--max-tokens, beam_search also for beam 1, detokenization), float32
   hf-marian   transformers MarianMTModel.generate (converted by bench/marian_convert.py), float32
   ct2-float32 CTranslate2 Translator on that MarianMT directory (CTranslate2's own converter)
   ct2-int8    the same, weights quantized to int8 at conversion
@@ -37,7 +41,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"
-ENGINES = ("tfm", "hf-marian", "ct2-float32", "ct2-int8")
+ENGINES = ("tfm", "tfm-translate", "hf-marian", "ct2-float32", "ct2-int8")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Job:
     max_steps: int
     threads: int
     checkpoint: str
+    source: str
     workdir: str
     batches_file: str
     output_file: str
@@ -82,8 +87,17 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int) -> P
 def run_job(job: Job) -> None:
     """Worker: decode every batch with one engine, write {seconds, outputs by line index} to job.output_file."""
     batches = json.loads(Path(job.batches_file).read_text())
+    if job.engine == "tfm-translate":
+        # The library path takes the raw lines in one chunk and batches them itself.
+        from tfm_cli.textio import iter_lines
+
+        lines = list(iter_lines(job.source))
+        batches = [[[i, line] for i, line in enumerate(lines)]]
+        warmup = [[i, lines[i]] for i in range(32)]
+    else:
+        warmup = batches[0]
     decode = load_engine(job)
-    decode(batches[0])  # warm-up: first call allocations, lazy initialisation
+    decode(warmup)  # warm-up: first call allocations, lazy initialisation
     start = time.perf_counter()
     outputs: dict[int, list[int]] = {}
     for batch in batches:
@@ -115,6 +129,19 @@ def load_engine(job: Job):
             if job.beam == 1:
                 return [h.tokens for h in greedy_search(model, src, 0.0, job.max_steps - 1)]
             return [hyps[0].tokens for hyps in beam_search(model, src, decode_config)]
+
+        return decode
+    if job.engine == "tfm-translate":
+        from tfm_cli.checkpoint import load_model
+        from tfm_cli.config import DecodeConfig
+        from tfm_cli.translation import BatchingConfig, Translator, TranslationStats
+
+        decode_config = DecodeConfig(beam_size=job.beam, length_penalty=0.0, max_len_a=0.0, max_len_b=job.max_steps - 1)
+        translator = Translator(load_model(job.checkpoint), decode_config, BatchingConfig())
+
+        def decode(batch):
+            translated = translator.translate_chunk([line for _, line in batch], 0, TranslationStats())
+            return [line.outputs[0].ids if line.outputs else [] for line in translated]
 
         return decode
     if job.engine == "hf-marian":
@@ -246,7 +273,7 @@ def main() -> None:
             outputs: dict[str, dict] = {}
             for repeat in range(args.runs):
                 for engine in engines:  # interleaved, so load changes hit every engine alike
-                    job = Job(engine, beam, args.max_steps, args.threads, str(checkpoint), str(args.workdir),
+                    job = Job(engine, beam, args.max_steps, args.threads, str(checkpoint), str(args.source), str(args.workdir),
                               str(batches_file), str(args.workdir / f"out-{engine}.json"))
                     result = run_in_subprocess(job, policy)
                     seconds[engine].append(result["seconds"])
