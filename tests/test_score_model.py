@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from conftest import run_cli
+
+# Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import BOS_ID, EOS_ID
 
