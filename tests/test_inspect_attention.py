@@ -146,6 +146,11 @@ def test_pharaoh_is_the_argmax_of_the_word_matrix_without_eos(random_checkpoint)
         expected.append(f"{real.index(max(real))}-{t}")
     assert result.stdout == " ".join(expected) + "\n"
     assert words["alignment"] == " ".join(expected)
+    # Without --words the pairs index pieces, from the piece matrix the same way.
+    pieces = inspect_json(random_checkpoint)
+    by_piece = [f"{row[:-1].index(max(row[:-1]))}-{t}" for t, row in enumerate(pieces["matrix"][:-1])]
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--format", "pharaoh"])
+    assert result.stdout == " ".join(by_piece) + "\n" and pieces["alignment"] == " ".join(by_piece)
 
 
 def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpoint, tmp_path):
@@ -172,6 +177,9 @@ def test_intersection_with_a_reverse_model(random_checkpoint):
     backward = {(s, t) for t, s in align(TARGET, SOURCE)}
     both = align(SOURCE, TARGET, "--reverse-model", random_checkpoint)
     assert both == forward & backward
+    pieces = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--format", "pharaoh",
+                      "--reverse-model", random_checkpoint])
+    assert pieces.exit_code == 1 and "use it with --format pharaoh --words" in pieces.stderr
 
 
 def test_heatmap_on_stdout_and_translation_on_stderr(random_checkpoint):
@@ -236,6 +244,7 @@ def test_png_written_or_clear_message(random_checkpoint, tmp_path, monkeypatch):
         (["--kind", "self"], "--kind must be one of"),
         (["--format", "pharaoh", "--kind", "encoder"], "--format pharaoh needs --kind cross"),
         (["--format", "svg"], "--format must be one of"),
+        (["--format", "pharaoh", "--reverse-model", "x"], "x: no such file"),
     ],
 )
 def test_bad_options_are_one_line_errors(random_checkpoint, args, message):

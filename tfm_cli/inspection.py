@@ -106,10 +106,40 @@ def to_words(matrix: torch.Tensor, rows: Axis, cols: Axis) -> torch.Tensor:
     return merge_to_words(matrix, rows.word_spans, cols.word_spans)
 
 
-def word_alignment(cross_words: torch.Tensor) -> list[tuple[int, int]]:
-    """Hard (src_word, tgt_word) pairs from a word-level cross-attention matrix whose last row and
-    column are </s>: both are dropped first, so only real words align (as fairseq does)."""
-    return hard_alignment(cross_words[:-1, :-1])
+@dataclass
+class AttentionView:
+    """One matrix ready to show: labels, weights, and (cross-attention) the hard alignment it implies."""
+
+    rows: list[str]
+    columns: list[str]
+    matrix: torch.Tensor  # (len(rows), len(columns)) float
+    alignment: list[tuple[int, int]] | None  # cross only: (src, tgt) argmax pairs, </s> row and column left out
+
+
+def attention_view(
+    model: Transformer,
+    src_ids: list[int],
+    tgt_ids: list[int],
+    src_pieces: list[str],
+    tgt_pieces: list[str],
+    kind: str,
+    layer: int,
+    head: int | None,
+    words: bool,
+) -> AttentionView:
+    """The `kind` attention of one layer (one head, or the mean for head None), pieces or words.
+
+    For cross-attention the alignment takes, for each target row, the column with the largest
+    weight; the last row and column are </s>, which never align (as fairseq's hard alignments).
+    """
+    matrix = select_matrix(attention_maps(model, src_ids, tgt_ids), kind, layer, head)
+    rows, columns = matrix_axes(kind, src_pieces, tgt_pieces)
+    if words:
+        matrix, row_labels, column_labels = to_words(matrix, rows, columns), rows.word_labels, columns.word_labels
+    else:
+        row_labels, column_labels = rows.labels, columns.labels
+    alignment = hard_alignment(matrix[:-1, :-1]) if kind == "cross" else None
+    return AttentionView(row_labels, column_labels, matrix, alignment)
 
 
 # ---- the walkthrough of one head ------------------------------------------------------------------

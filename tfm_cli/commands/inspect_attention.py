@@ -6,13 +6,17 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from tfm_cli.console import heatmap_table, matrix_table, print_info, print_warning, stdout_console
+from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
+
+if TYPE_CHECKING:
+    from tfm_cli.checkpoint import LoadedModel
 
 EPILOG = (
     "Examples:\n\n"
@@ -83,8 +87,8 @@ def inspect_attention(
         torch.set_num_threads(threads)
     loaded = load_model(model, device=device)
     reverse = load_model(reverse_model, device=device) if reverse_model else None
-    if reverse is not None and (output_format != "pharaoh" or kind != "cross"):
-        raise TfmError("--reverse-model intersects two alignments: use it with --format pharaoh (and --kind cross)")
+    if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
+        raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     examples = read_examples(loaded, sentence, input, target, target_file, beam, quiet)
@@ -99,16 +103,16 @@ def inspect_attention(
         count += 1
         if png is not None and count > 1:
             raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
-        view = attention_view(loaded, example, kind, layer, head_index, words)
+        view = view_of(loaded, example, kind, layer, head_index, words)
         if output_format == "pharaoh":
-            write_alignment(loaded, reverse, example, layer, head_index)
+            write_alignment(view, reverse, example, layer, head_index)
         elif output_format == "json":
             write_json(example, view, kind, layer, head, words)
         elif output_format == "csv":
             write_csv(view, count - 1, header=count == 1)
         else:
             title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
-            print_tables([(title, heatmap_table(view["matrix"], view["rows"], view["columns"]))])
+            print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))])
         if png is not None:
             save_png(png, view, kind)
             print_info(f"wrote {png}", quiet=quiet)
@@ -125,7 +129,10 @@ def parse_head(head: str) -> int | None:
         raise TfmError(f"--head must be a head index or `mean`, got {head!r}") from None
 
 
-def read_examples(loaded, sentence, input, target, target_file, beam, quiet):
+def read_examples(
+    loaded: LoadedModel, sentence: str | None, input: str, target: str | None, target_file: str | None,
+    beam: int, quiet: bool,
+) -> Iterator[Example]:
     """Yield an Example per source sentence: forced targets if given, else the model's translation."""
     from tfm_cli.textio import iter_lines
 
@@ -145,7 +152,7 @@ def read_examples(loaded, sentence, input, target, target_file, beam, quiet):
         yield make_example(loaded, source, forced, beam, quiet)
 
 
-def make_example(loaded, source: str, target: str | None, beam: int, quiet: bool) -> Example:
+def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int, quiet: bool) -> Example:
     """Tokenize `source`; use `target` or translate it (beam search, or greedy for beam 1)."""
     import torch
 
@@ -172,78 +179,68 @@ def make_example(loaded, source: str, target: str | None, beam: int, quiet: bool
     )
 
 
-def attention_view(loaded, example: Example, kind: str, layer: int, head: int | None, words: bool) -> dict[str, Any]:
-    """The matrix to show (as nested lists) with its row and column labels."""
-    from tfm_cli.inspection import attention_maps, matrix_axes, select_matrix, to_words
+def view_of(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool):
+    """The AttentionView of one example (see tfm_cli.inspection.attention_view)."""
+    from tfm_cli.inspection import attention_view
 
-    maps = attention_maps(loaded.model, example.src_ids, example.tgt_ids)
-    matrix = select_matrix(maps, kind, layer, head)
-    rows, columns = matrix_axes(kind, example.src_pieces, example.tgt_pieces)
-    if words:
-        return {"matrix": to_words(matrix, rows, columns).tolist(), "rows": rows.word_labels, "columns": columns.word_labels}
-    return {"matrix": matrix.tolist(), "rows": rows.labels, "columns": columns.labels}
-
-
-def word_pairs(loaded, src_pieces, tgt_pieces, src_ids, tgt_ids, layer, head) -> tuple[list[tuple[int, int]], int, int]:
-    """Word-level argmax alignment of one direction; returns (pairs, source words, target words)."""
-    from tfm_cli.inspection import attention_maps, matrix_axes, select_matrix, to_words, word_alignment
-
-    matrix = select_matrix(attention_maps(loaded.model, src_ids, tgt_ids), "cross", layer, head)
-    rows, columns = matrix_axes("cross", src_pieces, tgt_pieces)
-    merged = to_words(matrix, rows, columns)
-    return word_alignment(merged), len(columns.word_spans) - 1, len(rows.word_spans) - 1
-
-
-def write_alignment(loaded, reverse, example: Example, layer: int, head: int | None) -> None:
-    """Print one Pharaoh line: word-level argmax pairs, intersected with the reverse model's if given."""
-    from tfm_cli.alignment import intersect, pharaoh, transpose_pairs
-
-    pairs, n_src, n_tgt = word_pairs(
-        loaded, example.src_pieces, example.tgt_pieces, example.src_ids, example.tgt_ids, layer, head
+    return attention_view(
+        loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words
     )
+
+
+def reverse_alignment(reverse: LoadedModel, example: Example, layer: int, head: int | None, words: bool):
+    """The reverse model's word alignment of the same pair, as (src, tgt) pairs of the forward direction."""
+    from tfm_cli.alignment import transpose_pairs
+
+    src_ids = reverse.src_tokenizer.encode_ids(example.target)
+    tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
+    swapped = Example(
+        example.target, example.source, src_ids, tgt_ids,
+        [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
+    )
+    view = view_of(reverse, swapped, "cross", layer, head, words)
+    return transpose_pairs(view.alignment), len(view.rows) - 1, len(view.columns) - 1
+
+
+def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None) -> None:
+    """Print one Pharaoh line: the view's argmax pairs, intersected with the reverse model's if given."""
+    from tfm_cli.alignment import intersect, pharaoh
+
+    pairs = view.alignment
     if reverse is not None:
-        rev_src_ids = reverse.src_tokenizer.encode_ids(example.target)
-        rev_tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
-        backward, rev_n_src, rev_n_tgt = word_pairs(
-            reverse,
-            [reverse.src_tokenizer.id_to_piece(i) for i in rev_src_ids],
-            [reverse.tgt_tokenizer.id_to_piece(i) for i in rev_tgt_ids],
-            rev_src_ids, rev_tgt_ids, layer, head,
-        )
-        if (rev_n_src, rev_n_tgt) != (n_tgt, n_src):
+        backward, n_src, n_tgt = reverse_alignment(reverse, example, layer, head, words=True)
+        if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
             raise TfmError(
-                f"the reverse model splits the pair into {rev_n_tgt}+{rev_n_src} words, the forward model into "
-                f"{n_src}+{n_tgt}; their tokenizers normalise text differently, so the alignments cannot be intersected"
+                f"the reverse model splits the pair into {n_src}+{n_tgt} words, the forward model into "
+                f"{len(view.columns) - 1}+{len(view.rows) - 1}; their tokenizers normalise text differently, "
+                "so the alignments cannot be intersected"
             )
-        pairs = intersect(pairs, transpose_pairs(backward))
+        pairs = intersect(pairs, backward)
     sys.stdout.write(pharaoh(pairs) + "\n")
 
 
-def write_json(example: Example, view: dict[str, Any], kind: str, layer: int, head: str, words: bool) -> None:
-    """One JSON object per sentence: texts, labels, the matrix, and (cross) the word alignment."""
-    from tfm_cli.alignment import hard_alignment, pharaoh
-
-    import torch
+def write_json(example: Example, view, kind: str, layer: int, head: str, words: bool) -> None:
+    """One JSON object per sentence: texts, labels, the matrix, and (cross) the Pharaoh alignment."""
+    from tfm_cli.alignment import pharaoh
 
     record = {
         "source": example.source, "target": example.target, "kind": kind, "layer": layer, "head": head,
-        "level": "words" if words else "pieces", "rows": view["rows"], "columns": view["columns"],
-        "matrix": view["matrix"],
+        "level": "words" if words else "pieces", "rows": view.rows, "columns": view.columns,
+        "matrix": view.matrix.tolist(),
     }
-    if kind == "cross":
-        # The alignment of the shown matrix: its last row and column are </s>, which never align.
-        record["alignment"] = pharaoh(hard_alignment(torch.tensor(view["matrix"])[:-1, :-1]))
+    if view.alignment is not None:
+        record["alignment"] = pharaoh(view.alignment)
     sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def write_csv(view: dict[str, Any], sentence: int, header: bool) -> None:
+def write_csv(view, sentence: int, header: bool) -> None:
     """Long-format CSV: sentence,row,column,row_token,column_token,weight (one line per cell)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if header:
         writer.writerow(["sentence", "row", "column", "row_token", "column_token", "weight"])
-    for i, (label, values) in enumerate(zip(view["rows"], view["matrix"])):
-        for j, (column, value) in enumerate(zip(view["columns"], values)):
+    for i, (label, values) in enumerate(zip(view.rows, view.matrix.tolist())):
+        for j, (column, value) in enumerate(zip(view.columns, values)):
             writer.writerow([sentence, i, j, label, column, f"{value:.6g}"])
     sys.stdout.write(buffer.getvalue())
 
@@ -261,7 +258,7 @@ def print_tables(items: list[tuple[str, Any]]) -> None:
         console.print(table)
 
 
-def render_model_walkthrough(loaded, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int) -> None:
+def render_model_walkthrough(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int) -> None:
     """The walkthrough of one head of a model on one sentence pair."""
     from tfm_cli.inspection import EOS_LABEL, model_walkthrough
 
@@ -309,7 +306,7 @@ def render_walkthrough(steps, title: str, output_format: str, dims: int, cross: 
     print_tables(items)
 
 
-def save_png(path: str, view: dict[str, Any], kind: str) -> None:
+def save_png(path: str, view, kind: str) -> None:
     """Save the heatmap as a labelled image with matplotlib (the optional `plot` extra)."""
     try:
         import matplotlib
@@ -318,9 +315,9 @@ def save_png(path: str, view: dict[str, Any], kind: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise TfmError("--png needs matplotlib: pip install 'tfm-cli[plot]' (or pip install matplotlib)") from None
-    rows, columns = view["rows"], view["columns"]
+    rows, columns = view.rows, view.columns
     figure, axes = plt.subplots(figsize=(max(4, 0.5 * len(columns) + 2), max(3, 0.4 * len(rows) + 1.5)))
-    image = axes.imshow(view["matrix"], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    image = axes.imshow(view.matrix.tolist(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     axes.set_xticks(range(len(columns)), labels=columns, rotation=60, ha="right")
     axes.set_yticks(range(len(rows)), labels=rows)
     axes.set_xlabel("source" if kind == "cross" else "key")
