@@ -154,21 +154,10 @@ def read_examples(
 
 def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int, quiet: bool) -> Example:
     """Tokenize `source`; use `target` or translate it (beam search, or greedy for beam 1)."""
-    import torch
-
-    from tfm_cli.config import DecodeConfig
-    from tfm_cli.search import beam_search, greedy_search
-
     src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
     src_ids = src_tok.encode_ids(source)
     if target is None:
-        config = loaded.config
-        device = next(loaded.model.parameters()).device
-        src = torch.tensor([src_ids + [config.eos_id]], device=device)  # (1, S)
-        if beam <= 1:
-            tgt_ids = greedy_search(loaded.model, src)[0].tokens
-        else:
-            tgt_ids = beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
+        tgt_ids = translate_ids(loaded, src_ids, beam)
         target = tgt_tok.decode_ids(tgt_ids)
         print_info(f"translation: {target}", quiet=quiet)
     else:
@@ -177,6 +166,22 @@ def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int
         source, target, src_ids, tgt_ids,
         [src_tok.id_to_piece(i) for i in src_ids], [tgt_tok.id_to_piece(i) for i in tgt_ids],
     )
+
+
+def translate_ids(loaded: LoadedModel, src_ids: list[int], beam: int) -> list[int]:
+    """The model's translation of one source (ids without EOS): beam search, or greedy for beam 1."""
+    import torch
+
+    config = loaded.config
+    src = torch.tensor([src_ids + [config.eos_id]], device=next(loaded.model.parameters()).device)  # (1, S)
+    if beam <= 1:
+        from tfm_cli.search import greedy_search
+
+        return greedy_search(loaded.model, src)[0].tokens
+    from tfm_cli.config import DecodeConfig
+    from tfm_cli.search import beam_search
+
+    return beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
 
 
 def view_of(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool):
