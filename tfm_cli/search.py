@@ -1,8 +1,13 @@
-"""Decoding searches over a step function (greedy, beam), and the one definition of a sequence score.
+"""Decoding searches over the model's incremental cache (greedy, beam, sampling), and the one score.
 
 Score convention, shared by `translate`, `score -m` and the tests:
   raw score   = sum of log p(y_t | y_<t, x) over the output tokens, EOS included (natural log);
   normalised  = raw / length_penalty(len), len = number of output tokens including EOS.
+
+Batch invariance: a sentence's result must not depend on what else is in its batch, to the bit.
+`beam_search`/`sample_search` keep at least MIN_STEP_ROWS rows per matrix multiply (see
+`padded_rows`) and run decoder attention by its explicit formula (STEP_ATTENTION_EXPLICIT);
+callers keep source padding out of batches (translation.py groups sentences of equal length).
 """
 
 from __future__ import annotations
@@ -11,7 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.model import Transformer
+from tfm_cli.config import DecodeConfig
+from tfm_cli.model import DecoderState, Transformer
+
+# CPU BLAS (MKL) multiplies matrices of fewer than ~12 rows with a different kernel, which rounds
+# differently: the same row then gets slightly different logits alone than in a batch. Searches
+# pad every step to at least this many rows (copies of a real row, ignored) so one kernel is used.
+MIN_STEP_ROWS = 16
+# torch's fused CPU attention kernel, for one query row per sequence, splits its work by batch size,
+# so a row's output depends on how many rows share the call; the explicit softmax(QK^T)V path
+# (the one that returns weights) does not. Measured with torch 2.13 on AVX2.
+STEP_ATTENTION_EXPLICIT = True
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -29,6 +44,10 @@ class Hypothesis:
     tokens: list[int]  # output ids, EOS excluded
     score: float  # raw score: sum of token log-probs, EOS included when the output ended with it
     finished: bool  # True if the model chose EOS; False if EOS was forced at the length limit
+
+    def normalised_score(self, alpha: float) -> float:
+        """raw score / length_penalty(len(tokens) + 1, alpha): EOS counts in the length."""
+        return self.score / length_penalty(len(self.tokens) + 1, alpha)
 
 
 def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: int, limit: int) -> torch.Tensor:
@@ -79,3 +98,197 @@ def greedy_search(model: Transformer, src: torch.Tensor, max_len_a: float = 1.5,
             active, best = active[keep_index], best[keep_index]
         tokens = best
     return [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, finished)]
+
+
+def padded_rows(rows: torch.Tensor) -> torch.Tensor:
+    """rows: (R,) int64 state rows to keep -> (max(R, MIN_STEP_ROWS),): padded with copies of rows[0]."""
+    missing = MIN_STEP_ROWS - rows.numel()
+    if missing <= 0:
+        return rows
+    return torch.cat([rows, rows[:1].expand(missing)])
+
+
+def start_search(model: Transformer, src: torch.Tensor, rows_per_sentence: int) -> tuple[DecoderState, torch.Tensor]:
+    """Encode `src` once and return a decoder state with `rows_per_sentence` rows per sentence.
+
+    src: (N, S) int64. Returns (state with at least MIN_STEP_ROWS rows, sentence-major: rows
+    i*k .. i*k+k-1 belong to sentence i; src_lengths (N,) int64 counting the source EOS). The
+    encoder also runs on at least MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
+    """
+    n_sentences, src_len = src.shape
+    extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences)  # ceil(MIN_STEP_ROWS / S) sentences at least
+    padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
+    encoded = model.encode(padded_src)
+    # Cross-attention keys/values are computed once per sentence, then copied to its rows.
+    state = model.start_decoding(encoded)
+    rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
+    state.select(padded_rows(rows))
+    return state, encoded.src_mask[:n_sentences].sum(1)
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> list[list[Hypothesis]]:
+    """Beam search with the GNMT length penalty; finished sentences leave the batch.
+
+    src: (N, S) int64 padded with pad_id (rows end in EOS). Returns per sentence its
+    `config.nbest` best hypotheses, best first by normalised score (see the module docstring).
+    Each step extends every live beam by every token (beam * vocab candidates), keeps the top
+    2 * beam; EOS candidates among the top `beam` become finished hypotheses, the best `beam`
+    others continue. A sentence stops once it has `beam` finished hypotheses (as fairseq); at the
+    length limit a * src_len + b every beam is closed with EOS (finished=False).
+    """
+    vocab_eos = model.config.eos_id
+    beam = config.beam_size
+    device = src.device
+    n_sentences = src.size(0)
+    state, src_lengths = start_search(model, src, beam)
+    limit = model.config.max_positions - 2  # BOS takes a position; at most max_positions - 1 outputs with EOS
+    max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit).tolist()
+    alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
+    finished: list[list[Hypothesis]] = [[] for _ in range(n_sentences)]
+    # Only beam 0 is live at the start, so the first step does not pick the same token `beam` times.
+    scores = torch.full((n_sentences, beam), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    tokens = torch.full((n_sentences * beam,), model.config.bos_id, dtype=torch.long, device=device)
+    history = torch.empty((n_sentences * beam, 0), dtype=torch.long, device=device)  # (R, t) outputs so far
+    beam_offsets = torch.arange(n_sentences, device=device)[:, None] * beam  # (n, 1)
+    step = 0
+    while alive:
+        n_alive = len(alive)
+        logits = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * beam]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+        vocab = log_probs.size(1)
+        at_limit = [max_lengths[sentence] <= step for sentence in alive]
+        if any(at_limit):
+            # At the length limit only EOS may follow, so every output ends cleanly.
+            closing = torch.tensor(at_limit, device=device).repeat_interleave(beam)[:, None]  # (R, 1)
+            not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
+            not_eos[vocab_eos] = False
+            log_probs = log_probs.masked_fill(closing & not_eos, float("-inf"))
+        candidates = (scores.view(-1, 1) + log_probs).view(n_alive, beam * vocab)
+        top_scores, top_ids = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (n, 2k), best first
+        top_beams, top_tokens = top_ids // vocab, top_ids % vocab
+        is_eos = top_tokens == vocab_eos
+        closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
+        done = [False] * n_alive
+        if bool(closing_eos.any()):
+            for index, rank in closing_eos.nonzero().tolist():
+                sentence = alive[index]
+                row = index * beam + int(top_beams[index, rank])
+                finished[sentence].append(Hypothesis(
+                    tokens=history[row].tolist(), score=float(top_scores[index, rank]),
+                    finished=not at_limit[index],
+                ))
+                done[index] = len(finished[sentence]) >= beam
+        # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
+        done = [d or closed for d, closed in zip(done, at_limit)]
+        # The best `beam` non-EOS candidates continue: a stable sort puts EOS ones last.
+        order = is_eos.to(torch.int8).argsort(dim=1, stable=True)[:, :beam]  # (n, k)
+        next_scores = top_scores.gather(1, order)
+        next_rows = (beam_offsets[:n_alive] + top_beams.gather(1, order)).view(-1)  # (R,)
+        next_tokens = top_tokens.gather(1, order).view(-1)
+        if any(done):
+            keep = [i for i, d in enumerate(done) if not d]
+            alive = [alive[i] for i in keep]
+            keep_index = torch.tensor(keep, dtype=torch.long, device=device)
+            next_scores = next_scores.index_select(0, keep_index)
+            next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
+            next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
+            if not alive:
+                break
+            state.select(padded_rows(next_rows))
+        else:
+            # Beams only moved within their sentence, whose rows share one memory: the cross-attention
+            # keys/values and mask are already right, so only the self-attention caches are reordered.
+            rows = padded_rows(next_rows)
+            for cache in state.self_caches:
+                cache.select(rows)
+        history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
+        scores, tokens = next_scores, next_tokens
+        step += 1
+    alpha = config.length_penalty
+    return [sorted(hyps, key=lambda h: -h.normalised_score(alpha))[: config.nbest] for hyps in finished]
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Keep the top-k tokens and the top-p nucleus (Holtzman et al. 2020); the rest get -inf.
+
+    logits: (R, V) float. Returns (R, V); at least the most likely token of each row survives.
+    """
+    if 0 < top_k < logits.size(1):
+        kth = logits.topk(top_k, dim=1).values[:, -1:]  # (R, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_ids = logits.sort(dim=1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=1)
+        # Drop a token when the tokens before it already reach p (so the first one always stays).
+        drop_sorted = (probs.cumsum(dim=1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(1, sorted_ids, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.inference_mode()
+def sample_search(
+    model: Transformer, src: torch.Tensor, config: DecodeConfig, seeds: list[int]
+) -> list[list[Hypothesis]]:
+    """Ancestral sampling: `config.nbest` independent samples per sentence, best first.
+
+    src: (N, S) int64; seeds: N ints, one random generator per sentence, so a sentence's samples
+    depend on its seed only (not on its batch). Tokens are drawn from softmax(logits / temperature)
+    restricted to top-k / top-p; the reported score is the model's own log-probability (temperature 1,
+    unfiltered), as `score -m` computes it. Returns per sentence its samples sorted by normalised score.
+    """
+    eos = model.config.eos_id
+    per_sentence = config.nbest
+    device = src.device
+    state, src_lengths = start_search(model, src, per_sentence)
+    limit = model.config.max_positions - 2
+    max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit)
+    n_rows = src.size(0) * per_sentence
+    generators = []
+    for seed in seeds:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        generators.extend([generator] * per_sentence)
+    active = torch.arange(n_rows, device=device)  # original row of each live sample
+    row_limits = max_lengths.repeat_interleave(per_sentence)
+    tokens = torch.full((n_rows,), model.config.bos_id, dtype=torch.long, device=device)
+    outputs: list[list[int]] = [[] for _ in range(n_rows)]
+    scores = [0.0] * n_rows
+    ended = [False] * n_rows
+    for step in range(int(max_lengths.max()) + 1):
+        step_output = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT)
+        logits = step_output.logits[: active.numel()].float()  # (b, V)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        probs = torch.softmax(filter_logits(logits / config.temperature, config.sample_top_k, config.sample_top_p), -1)
+        at_limit = (row_limits[active] <= step).tolist()
+        choices = []
+        for i, row in enumerate(active.tolist()):
+            if at_limit[i]:
+                choices.append(eos)
+            else:
+                choices.append(int(torch.multinomial(probs[i], 1, generator=generators[row])))
+        chosen = torch.tensor(choices, dtype=torch.long, device=device)
+        chosen_scores = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
+        keep = []
+        for i, (row, token) in enumerate(zip(active.tolist(), choices)):
+            scores[row] += chosen_scores[i]
+            if token == eos:
+                ended[row] = not at_limit[i]
+            else:
+                outputs[row].append(token)
+                keep.append(i)
+        if not keep:
+            break
+        if len(keep) < active.numel():
+            keep_index = torch.tensor(keep, dtype=torch.long, device=device)
+            state.select(padded_rows(keep_index))
+            active, chosen = active[keep_index], chosen[keep_index]
+        tokens = chosen
+    samples = [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, ended)]
+    alpha = config.length_penalty
+    return [
+        sorted(samples[i * per_sentence : (i + 1) * per_sentence], key=lambda h: -h.normalised_score(alpha))
+        for i in range(src.size(0))
+    ]

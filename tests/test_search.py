@@ -1,0 +1,164 @@
+"""Search invariants: exact search on a tiny vocabulary, beam 1 = greedy, scores = forced decoding, sampling."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from tfm_cli.checkpoint import load_model
+from tfm_cli.config import DecodeConfig
+from tfm_cli.errors import TfmError
+from tfm_cli.model import Transformer
+from tfm_cli.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
+from translate_support import trained_checkpoint
+
+
+def forced_log_prob(model: Transformer, src_row: list[int], tokens: list[int]) -> float:
+    """log p(tokens + [EOS] | src) by one teacher-forced forward pass: the independent reference."""
+    config = model.config
+    with torch.no_grad():
+        logits = model(torch.tensor([src_row]), torch.tensor([[config.bos_id] + tokens]))  # (1, T, V)
+        log_probs = torch.log_softmax(logits.double(), dim=-1)[0]  # (T, V)
+    targets = tokens + [config.eos_id]
+    return sum(float(log_probs[t, target]) for t, target in enumerate(targets))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The briefly trained de->en model and 40 real test sentences (source ids + EOS), by length."""
+    loaded = load_model(trained_checkpoint())
+    from conftest import MULTI30K_DIR
+
+    lines = (MULTI30K_DIR / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[:40]
+    return loaded, [ids + [loaded.config.eos_id] for ids in loaded.src_tokenizer.encode_ids_batch(lines)]
+
+
+def test_length_penalty_is_the_gnmt_formula():
+    # ((5 + 7) / 6) ** 0.6 = 2 ** 0.6
+    assert length_penalty(7, 0.6) == pytest.approx(2**0.6)
+    assert length_penalty(123, 0.0) == 1.0
+
+
+def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
+    # 8 ids, of which 7 can be output before EOS; with at most 2 tokens there are 1 + 7 + 49 = 57
+    # outputs. A beam of 60 keeps every prefix, so beam search must rank all 57 exactly as
+    # enumerating them and scoring each by forced decoding does.
+    torch.manual_seed(3)
+    model = Transformer(tiny_config(src_vocab_size=8, tgt_vocab_size=8)).eval()
+    src = [5, 6, 7, 3]
+    alpha = 0.8
+    outputs = [list(seq) for n in range(3) for seq in itertools.product([0, 1, 2, 4, 5, 6, 7], repeat=n)]
+    expected = sorted(
+        ((forced_log_prob(model, src, out) / length_penalty(len(out) + 1, alpha), out) for out in outputs),
+        key=lambda item: -item[0],
+    )
+    config = DecodeConfig(beam_size=60, nbest=10, length_penalty=alpha, max_len_a=0.0, max_len_b=2)
+    hyps = beam_search(model, torch.tensor([src]), config)[0]
+    assert [h.tokens for h in hyps] == [out for _, out in expected[:10]]
+    for hyp, (score, _) in zip(hyps, expected):
+        assert hyp.normalised_score(alpha) == pytest.approx(score, abs=1e-4)
+
+
+def test_beam_1_equals_greedy_search(trained):
+    loaded, sources = trained
+    for length in sorted({len(s) for s in sources})[:6]:
+        rows = [s for s in sources if len(s) == length]
+        src = torch.tensor(rows)
+        greedy = greedy_search(loaded.model, src)
+        beam = beam_search(loaded.model, src, DecodeConfig(beam_size=1))
+        for g, (b,) in zip(greedy, beam):
+            assert b.tokens == g.tokens
+            assert b.score == pytest.approx(g.score, abs=1e-4)
+            assert b.finished == g.finished
+
+
+def test_beam_hypotheses_are_sorted_and_scores_are_forced_decoding_log_probs(trained):
+    loaded, sources = trained
+    model = loaded.model
+    alpha = 0.6
+    checked = 0
+    for src_row in sources[:8]:
+        hyps = beam_search(model, torch.tensor([src_row]), DecodeConfig(beam_size=5, nbest=5, length_penalty=alpha))[0]
+        assert len(hyps) == 5
+        normalised = [h.normalised_score(alpha) for h in hyps]
+        assert normalised == sorted(normalised, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5, "n-best holds duplicates"
+        for hyp in hyps:
+            assert hyp.score == pytest.approx(forced_log_prob(model, src_row, hyp.tokens), abs=1e-4)
+            checked += 1
+    assert checked == 40
+    assert any(h.finished for h in hyps), "the trained model should end some outputs with EOS itself"
+
+
+def test_length_limit_closes_every_beam_with_eos():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src = torch.tensor([[5, 6, 7, 8, 3]])
+    hyps = beam_search(model, src, DecodeConfig(beam_size=3, nbest=3, max_len_a=0.0, max_len_b=4))[0]
+    assert all(len(h.tokens) <= 4 for h in hyps)
+    for hyp in hyps:
+        assert hyp.score == pytest.approx(forced_log_prob(model, src[0].tolist(), hyp.tokens), abs=1e-4)
+
+
+def test_beam_search_is_batch_invariant_bit_for_bit(trained):
+    # The same sentence, alone or among others of its length (any batch size), gets identical
+    # tokens AND identical float scores: the searches never let batch size change the arithmetic.
+    loaded, sources = trained
+    length = max({len(s) for s in sources}, key=lambda n: sum(len(s) == n for s in sources))
+    rows = [s for s in sources if len(s) == length]
+    assert len(rows) >= 3
+    config = DecodeConfig(beam_size=4, nbest=2)
+    together = beam_search(loaded.model, torch.tensor(rows), config)
+    for row, hyps in zip(rows, together):
+        alone = beam_search(loaded.model, torch.tensor([row]), config)[0]
+        assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
+
+
+def test_top_k_and_top_p_filtering_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    # top-k 2 keeps 0.5 and 0.3.
+    assert filter_logits(logits, 2, 1.0).isfinite().tolist() == [[True, True, False, False]]
+    # top-p 0.7: 0.5 < 0.7, so 0.3 is still needed; 0.5 + 0.3 = 0.8 >= 0.7, so 0.15 and 0.05 go.
+    assert filter_logits(logits, 0, 0.7).isfinite().tolist() == [[True, True, False, False]]
+    # top-p 0.4: the first token alone reaches it.
+    assert filter_logits(logits, 0, 0.4).isfinite().tolist() == [[True, False, False, False]]
+
+
+def test_sampling_is_seeded_per_sentence_and_scored_by_the_model(trained):
+    loaded, sources = trained
+    model = loaded.model
+    length = max({len(s) for s in sources}, key=lambda n: sum(len(s) == n for s in sources))
+    rows = [s for s in sources if len(s) == length][:3]
+    config = DecodeConfig(sample=True, nbest=3, sample_top_k=20, temperature=1.5, seed=0)
+    first = sample_search(model, torch.tensor(rows), config, seeds=[7, 8, 9])
+    again = sample_search(model, torch.tensor(rows), config, seeds=[7, 8, 9])
+    alone = sample_search(model, torch.tensor(rows[1:2]), config, seeds=[8])
+    assert [[h.tokens for h in s] for s in first] == [[h.tokens for h in s] for s in again]
+    assert [h.tokens for h in alone[0]] == [h.tokens for h in first[1]]
+    other_seed = sample_search(model, torch.tensor(rows), config, seeds=[1, 2, 3])
+    assert [[h.tokens for h in s] for s in other_seed] != [[h.tokens for h in s] for s in first]
+    for row, samples in zip(rows, first):
+        for hyp in samples:
+            # The score is the model's own log-prob (temperature 1, unfiltered), as `score -m` gives.
+            assert hyp.score == pytest.approx(forced_log_prob(model, row, hyp.tokens), abs=1e-4)
+
+
+def test_sampling_with_top_k_1_is_greedy(trained):
+    loaded, sources = trained
+    src = torch.tensor(sources[:1])
+    sampled = sample_search(loaded.model, src, DecodeConfig(sample=True, sample_top_k=1), seeds=[0])[0][0]
+    assert sampled.tokens == greedy_search(loaded.model, src)[0].tokens
+    assert math.isfinite(sampled.score)
+
+
+def test_decode_config_names_bad_values():
+    with pytest.raises(TfmError, match="nbest"):
+        DecodeConfig(beam_size=2, nbest=3)
+    with pytest.raises(TfmError, match="top-p"):
+        DecodeConfig(sample=True, sample_top_p=0.0)
+    with pytest.raises(TfmError, match="temperature"):
+        DecodeConfig(temperature=0.0)
