@@ -131,3 +131,11 @@ def test_bad_options_are_one_line_errors(corpus, args, message):
 def test_no_reference_is_an_error():
     result = run_cli(["score"], input="a\n")
     assert result.exit_code == 1 and "no reference" in result.stderr
+
+
+def test_empty_hypotheses_are_an_error_not_a_traceback(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    for extra in ([], ["--sentence"]):
+        result = run_cli(["score", "-r", empty, "-i", empty, *extra])
+        assert result.exit_code == 1 and "no hypotheses to score" in result.stderr

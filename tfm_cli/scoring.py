@@ -80,9 +80,11 @@ def build_metrics(options: MetricOptions, sentence_level: bool = False) -> list[
 
 
 def check_line_counts(hypotheses: list[str], references: list[list[str]], hyp_name: str, ref_names: list[str]) -> None:
-    """Raise TfmError naming both files and both counts if any reference stream differs in length."""
+    """Raise TfmError for no hypotheses, or naming both files and counts if a reference stream differs in length."""
     if not references:
         raise TfmError("no reference given; pass at least one -r/--reference file")
+    if not hypotheses:
+        raise TfmError(f"{hyp_name} is empty: there are no hypotheses to score")
     for name, stream in zip(ref_names, references):
         if len(stream) != len(hypotheses):
             raise TfmError(
