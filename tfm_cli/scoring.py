@@ -280,12 +280,11 @@ def score_window(
 ) -> list[SentenceScore]:
     """Score `window` in length-sorted batches; returns the scores in the window's original order."""
     order = sorted(range(len(window)), key=lambda i: (len(window[i][0]), len(window[i][1])))
-    results: list[SentenceScore | None] = [None] * len(window)
+    results: dict[int, SentenceScore] = {}
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        for index, score in zip(indices, score_id_pairs(model, [window[i] for i in indices], alpha)):
-            results[index] = score
-    return results  # type: ignore[return-value]
+        results.update(zip(indices, score_id_pairs(model, [window[i] for i in indices], alpha)))
+    return [results[i] for i in range(len(window))]
 
 
 def zip_parallel(src_lines: Iterable[str], tgt_lines: Iterable[str], src_name: str, tgt_name: str) -> Iterator[tuple[str, str]]:
