@@ -183,7 +183,7 @@ def test_intersection_with_a_reverse_model(random_checkpoint):
 
 
 def test_heatmap_on_stdout_and_translation_on_stderr(random_checkpoint):
-    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--words", "--beam", "1"], input="Ein Hund .\n")
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--words", "--beam", "2"], input="Ein Hund .\n")
     assert result.exit_code == 0, result.stderr
     assert "translation:" in result.stderr and "translation" not in result.stdout
     assert "cross-attention, layer -1, head mean, words" in result.stdout

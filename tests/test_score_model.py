@@ -88,6 +88,22 @@ def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pair
         assert score.raw == pytest.approx(hyp.score, abs=1e-4)
 
 
+def test_forced_decoding_reproduces_beam_search_normalised_scores(random_checkpoint, pairs):
+    from tfm_cli.config import DecodeConfig
+    from tfm_cli.scoring import score_id_pairs
+    from tfm_cli.search import beam_search
+
+    _, _, src, _ = pairs
+    loaded = load_model(random_checkpoint)
+    decode = DecodeConfig(beam_size=3, nbest=3, length_penalty=0.6, max_len_a=0.0, max_len_b=6)
+    for line in src[:3]:
+        ids = loaded.src_tokenizer.encode_ids(line)
+        (nbest,) = beam_search(loaded.model, torch.tensor([ids + [EOS_ID]]), decode)
+        forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for hyp in nbest], alpha=0.6)
+        for hyp, score in zip(nbest, forced):
+            assert score.length_normalized == pytest.approx(hyp.normalised_score(0.6), abs=1e-4)
+
+
 def test_token_log_probs_are_zero_at_padding(random_checkpoint):
     from tfm_cli.scoring import token_log_probs
 
