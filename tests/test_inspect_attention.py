@@ -164,6 +164,12 @@ def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpo
     assert len(lines) == 4 and lines[3] == ""
     assert len(lines[1].split()) == 3 and lines[2] == ""  # an empty source has no word to align to
     assert all(re.fullmatch(r"(\d+-\d+ ?)*", line) for line in lines)
+    for lines_in_target, message in ((4, "more lines than the input (3)"), (2, "has 2 lines, fewer")):
+        wrong = tmp_path / "wrong"
+        wrong.write_text("A dog .\n" * lines_in_target, encoding="utf-8")
+        result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", wrong,
+                          "--words", "--format", "pharaoh"])
+        assert result.exit_code == 1 and message in result.stderr, result.stderr
 
 
 def test_intersection_with_a_reverse_model(random_checkpoint):

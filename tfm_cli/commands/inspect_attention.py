@@ -142,14 +142,14 @@ def read_examples(
         raise TfmError("give --target or --target-file, not both")
     sources = iter([sentence]) if sentence is not None else iter_lines(input)
     targets = iter([target]) if target is not None else (iter_lines(target_file) if target_file else None)
-    for number, source in enumerate(sources, start=1):
-        if targets is None:
-            forced = None
-        else:
-            forced = next(targets, None)
-            if forced is None:
-                raise TfmError(f"--target-file has fewer lines than the input ({number - 1}); they must be line-parallel")
+    count = 0
+    for count, source in enumerate(sources, start=1):
+        forced = None if targets is None else next(targets, None)
+        if targets is not None and forced is None:
+            raise TfmError(f"--target-file has {count - 1} lines, fewer than the input; they must be line-parallel")
         yield make_example(loaded, source, forced, beam, quiet)
+    if target_file is not None and next(targets, None) is not None:
+        raise TfmError(f"--target-file has more lines than the input ({count}); they must be line-parallel")
 
 
 def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int, quiet: bool) -> Example:
