@@ -139,3 +139,35 @@ def test_empty_hypotheses_are_an_error_not_a_traceback(tmp_path):
     for extra in ([], ["--sentence"]):
         result = run_cli(["score", "-r", empty, "-i", empty, *extra])
         assert result.exit_code == 1 and "no hypotheses to score" in result.stderr
+
+
+def test_a_terminal_gets_a_table(corpus):
+    import os
+    import subprocess
+    import sys
+
+    paths, *_ = corpus
+    primary, secondary = os.openpty()
+    try:
+        process = subprocess.run(
+            [sys.executable, "-m", "tfm_cli", "score", "-r", paths["ref"], "-i", paths["hyp"], "--metrics", "bleu"],
+            stdout=secondary, stderr=subprocess.PIPE, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        )
+        os.close(secondary)
+        secondary = None
+        output = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(primary)
+        if secondary is not None:
+            os.close(secondary)
+    assert process.returncode == 0, process.stderr
+    text = output.decode("utf-8")
+    assert "metric" in text and "signature" in text and "┃" in text and "nrefs:1|case:mixed" in text
