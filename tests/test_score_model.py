@@ -131,3 +131,5 @@ def test_target_on_stdin_and_bad_normalize(random_checkpoint, pairs):
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == len(src)
     bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--normalize", "avg"])
     assert bad.exit_code == 1 and "--normalize must be one of" in bad.stderr
+    bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--device", "banana"])
+    assert bad.exit_code == 1 and "--device banana: not usable here" in bad.stderr

@@ -60,7 +60,7 @@ def inspect_attention(
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
     beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy)."),
-    device: str = typer.Option("cpu", "--device", help="Torch device (cpu, cuda, mps)."),
+    device: str = typer.Option("auto", "--device", help="Torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
     threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
@@ -82,11 +82,13 @@ def inspect_attention(
     import torch
 
     from tfm_cli.checkpoint import load_model
+    from tfm_cli.scoring import torch_device
 
     if threads > 0:
         torch.set_num_threads(threads)
-    loaded = load_model(model, device=device)
-    reverse = load_model(reverse_model, device=device) if reverse_model else None
+    target_device = torch_device(device)
+    loaded = load_model(model, device=target_device)
+    reverse = load_model(reverse_model, device=target_device) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":

@@ -36,7 +36,7 @@ def score(
     normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
     alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
-    device: str = typer.Option("cpu", "--device", help="With -m: torch device (cpu, cuda, cuda:1, mps)."),
+    device: str = typer.Option("auto", "--device", help="With -m: torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
     threads: int = typer.Option(0, "--threads", help="With -m: CPU threads for torch (0 = torch's default)."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     as_json: bool = typer.Option(False, "--json", help="JSON for pipelines (a list of metrics, or one object per line)."),
@@ -135,7 +135,7 @@ def score_with_model(
     import torch
 
     from tfm_cli.checkpoint import load_model
-    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
+    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, torch_device, zip_parallel
     from tfm_cli.textio import iter_lines, open_output
 
     if normalize not in NORMALIZATIONS:
@@ -146,7 +146,7 @@ def score_with_model(
         raise TfmError("--src and --tgt cannot both be stdin")
     if threads > 0:
         torch.set_num_threads(threads)
-    loaded = load_model(model_path, device=device)
+    loaded = load_model(model_path, device=torch_device(device))
     pairs = zip_parallel(iter_lines(src), iter_lines(tgt), "<stdin>" if src == "-" else src,
                          "<stdin>" if tgt == "-" else tgt)
     total_log_prob, total_tokens, count = 0.0, 0, 0
