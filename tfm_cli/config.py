@@ -274,6 +274,7 @@ class DataConfig:
 class TokenizerConfig:
     """Existing sentencepiece models (src_model, optional tgt_model), or settings to train them first."""
 
+    # An existing model from `tfm tokenize train`; when given, the training settings below are unused.
     src_model: str = ""
     # Empty: the source model serves both sides (a joint vocabulary).
     tgt_model: str = ""
@@ -347,14 +348,10 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
         valid = ", ".join(sorted(train_fields | set(TOKENIZER_OWN_KEYS)))
         raise TfmError(f"unknown key tokenizer.{unknown[0]}; valid keys in [tokenizer]: {valid}")
     own = {key: check_type(f"tokenizer.{key}", value, {"joint": bool}.get(key, str)) for key, value in own.items()}
-    if own.get("src_model") and tokenizer_values:
-        raise TfmError(
-            f"tokenizer.{sorted(tokenizer_values)[0]} is a training setting, but tokenizer.src_model names an "
-            "existing model; give one or the other"
-        )
     if own.get("tgt_model") and not own.get("src_model"):
         raise TfmError("tokenizer.tgt_model needs tokenizer.src_model as well")
-    train_settings = None if own.get("src_model") else config_from_dict(TokenizerTrainConfig, tokenizer_values, "tokenizer")
+    # Training settings are checked even when src_model names an existing model (they are then unused).
+    train_settings = config_from_dict(TokenizerTrainConfig, tokenizer_values, "tokenizer")
     tokenizer = TokenizerConfig(**own, train=train_settings)
     model = check_model_section(values.get("model", {}))
     train = config_from_dict(TrainConfig, values.get("train", {}), "train")

@@ -1,16 +1,224 @@
-"""`tfm train` (not built yet)."""
+"""`tfm train`: train a Transformer from a TOML recipe into a run directory, or resume one."""
 
 from __future__ import annotations
 
+import signal
+import threading
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from tfm_cli.commands.not_built import refuse
+from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.errors import TfmError
 
-EPILOG = "Not built yet."
+EPILOG = (
+    "Examples:\n\n"
+    "  tfm train recipes/multi30k/de-en.toml --run runs/de-en\n\n"
+    "  tfm train recipes/tiny.toml --run runs/tiny --set train.max_steps=200 --set model.dropout=0.2\n\n"
+    "  tfm train --run runs/de-en --resume --set train.max_steps=40000"
+)
 
 
-def train(args: Optional[List[str]] = typer.Argument(None, hidden=True)) -> None:
-    """Not built yet: prints one line and exits 2."""
-    refuse("train")
+def resolve_device(name: str):
+    """`auto` -> cuda if available else cpu; checks that an explicit CUDA device exists."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TfmError(f"--device {name!r}: not a device name (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TfmError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+class StopRequest:
+    """Set by SIGINT/SIGTERM: the loop finishes its update, saves, and returns. A second signal aborts."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.requested = False
+        self.quiet = quiet
+        self.previous: dict[int, object] = {}
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def handle(self, signum: int, frame) -> None:
+        """Signal handler: first signal asks for a clean stop, the second one interrupts at once."""
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print_warning(f"{signal.Signals(signum).name}: saving a checkpoint after this update (again to abort)")
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM (only possible from the main thread)."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self.handle)
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+class TrainDisplay:
+    """Renders training events on stderr: a live progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, quiet: bool, run_dir: Path) -> None:
+        self.console = stderr_console(quiet=quiet)
+        self.quiet = quiet
+        self.run_dir = run_dir
+        self.progress = None
+        self.task = None
+        self.last_stats = ""
+
+    def __call__(self, event) -> None:
+        from tfm_cli import training
+
+        if self.quiet:
+            return
+        handler = {
+            training.PhaseEvent: self.phase,
+            training.DataEvent: self.data,
+            training.StartEvent: self.start,
+            training.StepEvent: self.step,
+            training.LogEvent: self.log,
+            training.ValidEvent: self.valid,
+            training.SaveEvent: self.saved,
+        }[type(event)]
+        handler(event)
+
+    def print(self, text: str, style: str | None = None) -> None:
+        """One line on stderr (above the progress bar, if there is one)."""
+        self.console.print(text, style=style, markup=False, highlight=False)
+
+    def phase(self, event) -> None:
+        self.print(event.message, style="dim")
+
+    def data(self, event) -> None:
+        stats = event.stats
+        cached = " (from cache)" if event.from_cache else ""
+        line = (
+            f"{event.name} data: {stats.read:,} pairs read, {stats.kept:,} kept; {event.src_tokens:,} source / "
+            f"{event.tgt_tokens:,} target tokens{cached}"
+        )
+        self.print(line)
+        if stats.empty or stats.too_long:
+            print_warning(
+                f"{event.name} data: skipped {stats.empty:,} pairs with an empty side and {stats.too_long:,} pairs "
+                "over data.max_length tokens"
+            )
+
+    def start(self, event) -> None:
+        config = event.model_config
+        shared = ", shared embeddings" if config.share_embeddings else ""
+        self.print(
+            f"model: {event.n_parameters / 1e6:.2f}M parameters, d_model {config.d_model}, "
+            f"{config.n_enc_layers}+{config.n_dec_layers} layers, vocab {config.src_vocab_size}/"
+            f"{config.tgt_vocab_size}{shared}; device {event.device}; {event.updates_per_epoch:,} updates per epoch"
+        )
+        if event.resumed:
+            self.print(f"resumed at step {event.step:,} (epoch {event.epoch + 1})")
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
+                console=self.console, transient=True,
+            )
+            self.task = self.progress.add_task("train", total=event.planned_steps, completed=event.step, stats="")
+            self.progress.start()
+
+    def step(self, event) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=event.step)
+
+    def log(self, event) -> None:
+        eta = f" | ETA {format_seconds(event.eta)}" if event.eta is not None else ""
+        norm = f" | gnorm {event.grad_norm:.2f}" if event.grad_norm is not None else ""
+        stats = (
+            f"epoch {event.epoch} | loss {event.loss:.3f} | ppl {event.ppl:.1f} | lr {event.lr:.2e}{norm} | "
+            f"{event.tgt_tokens_per_s:,.0f} tgt tok/s | pad {event.padding:.1%}{eta}"
+        )
+        if self.progress is not None:
+            self.progress.update(self.task, stats=stats)
+        else:
+            self.print(f"step {event.step:,} | {stats}")
+
+    def valid(self, event) -> None:
+        bleu = f" | BLEU {event.bleu:.2f}" if event.bleu is not None else ""
+        best = " (new best)" if event.best else f" (best {event.best_value:.2f} at step {event.best_step:,})"
+        self.print(
+            f"valid step {event.step:,} | epoch {event.epoch} | loss {event.loss:.3f} | ppl {event.ppl:.2f}{bleu}"
+            f"{best} | {event.seconds:.0f}s",
+            style="bold",
+        )
+
+    def saved(self, event) -> None:
+        self.print(f"saved {Path(event.paths[0]).name}", style="dim")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def format_seconds(seconds: float) -> str:
+    """H:MM:SS."""
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def train(
+    recipe: Optional[str] = typer.Argument(
+        None, help="A TOML recipe ([data], [tokenizer], [model], [train]); optional with --resume."
+    ),
+    run: str = typer.Option(..., "--run", help="Run directory: checkpoints, metrics.jsonl, config.json, caches."),
+    overrides: List[str] = typer.Option(
+        [], "--set", help="Override a recipe setting: section.key=value (TOML value), e.g. train.max_tokens=2048."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --run from its last saved state."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA if available), cpu, cuda or cuda:N."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or messages on stderr (errors still)."),
+) -> None:
+    """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
+    import torch
+
+    from tfm_cli.config import load_recipe
+    from tfm_cli.training import run_training, saved_recipe
+
+    if threads < 0:
+        raise TfmError(f"--threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    run_dir = Path(run)
+    saved = saved_recipe(run_dir) if resume and recipe is None else None
+    if resume and recipe is None and saved is None:
+        raise TfmError(f"{run_dir}: no run to resume here (no config.json); give a recipe to start one")
+    resolved = load_recipe(Path(recipe) if recipe is not None else None, overrides, saved=saved)
+    stop = StopRequest(quiet)
+    display = TrainDisplay(quiet, run_dir)
+    stop.install()
+    try:
+        result = run_training(resolved, run_dir, resume=resume, device=resolve_device(device),
+                              on_event=display, should_stop=stop)
+    finally:
+        display.close()
+        stop.restore()
+    best = ""
+    if result.best_value is not None:
+        metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"
+        best = f"; best {metric} {result.best_value:.2f} at step {result.best_step:,}"
+    if result.reason == "interrupted":
+        print_info(
+            f"interrupted: saved step {result.step:,} in {run_dir}{best}; continue with "
+            f"`tfm train --run {run_dir} --resume`",
+            quiet=quiet,
+        )
+        return
+    print_info(f"done ({result.reason}) at step {result.step:,}, epoch {result.epoch}{best}; checkpoints in {run_dir}",
+               quiet=quiet)

@@ -1,0 +1,75 @@
+"""Training pieces against independent references: the schedule by hand, the loss against torch's, accumulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config
+from tfm_cli.data import TokenizedCorpus, FilterStats, collate, flatten
+from tfm_cli.model import Transformer
+from tfm_cli.training import StepSettings, label_smoothed_loss, learning_rate, train_step
+
+
+def test_paper_schedule_by_hand():
+    # d_model 512, warmup 4000 (section 5.3): step 1 -> 512^-0.5 * 4000^-1.5; peak at 4000 -> 512^-0.5 * 4000^-0.5.
+    assert learning_rate(1, 512, 4000, 0.0) == pytest.approx(0.04419417 * 3.9528471e-6, rel=1e-6)
+    assert learning_rate(4000, 512, 4000, 0.0) == pytest.approx(0.04419417 * 0.015811388, rel=1e-6)
+    assert learning_rate(16000, 512, 4000, 0.0) == pytest.approx(0.04419417 / 126.49111, rel=1e-6)
+    # Linear before the peak, inverse square root after it.
+    assert learning_rate(2000, 512, 4000, 0.0) == pytest.approx(learning_rate(4000, 512, 4000, 0.0) / 2)
+
+
+def test_peak_lr_schedule_by_hand():
+    assert learning_rate(100, 256, 1000, 1e-3) == pytest.approx(1e-4)
+    assert learning_rate(1000, 256, 1000, 1e-3) == pytest.approx(1e-3)
+    assert learning_rate(4000, 256, 1000, 1e-3) == pytest.approx(5e-4)
+    assert learning_rate(9, 256, 0, 1e-3) == pytest.approx(1e-3 / 3)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_matches_torch_cross_entropy_ignoring_padding(epsilon):
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=generator)  # (B, T, V)
+    targets = torch.randint(1, 11, (3, 5), generator=generator)
+    targets[1, 3:] = 0  # padding
+    targets[2, 1:] = 0
+    real = targets.view(-1) != 0
+    loss, nll = label_smoothed_loss(logits.view(-1, 11)[real], targets.view(-1)[real], epsilon)
+    reference = F.cross_entropy(logits.view(-1, 11), targets.view(-1), ignore_index=0, label_smoothing=epsilon, reduction="sum")
+    reference_nll = F.cross_entropy(logits.view(-1, 11), targets.view(-1), ignore_index=0, reduction="sum")
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(nll, reference_nll)
+
+
+def corpus_of(pairs: list[tuple[list[int], list[int]]]) -> TokenizedCorpus:
+    """A TokenizedCorpus built directly from id lists (EOS appended by flatten)."""
+    src_tokens, src_offsets = flatten([s for s, _ in pairs])
+    tgt_tokens, tgt_offsets = flatten([t for _, t in pairs])
+    stats = FilterStats(len(pairs), len(pairs), 0, 0)
+    return TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(len(pairs)), stats)
+
+
+def test_update_freq_accumulation_equals_one_big_batch():
+    generator = torch.Generator().manual_seed(1)
+    lengths = [(3, 4), (7, 2), (5, 6), (2, 8), (6, 6)]
+    pairs = [(torch.randint(4, 40, (s,), generator=generator).tolist(), torch.randint(4, 40, (t,), generator=generator).tolist())
+             for s, t in lengths]
+    corpus = corpus_of(pairs)
+    settings = StepSettings(label_smoothing=0.1, clip_norm=0.0, autocast_dtype=None, device_type="cpu")
+    results = []
+    for groups in ([torch.tensor([0, 1]), torch.tensor([2, 3, 4])], [torch.arange(5)]):
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(dropout=0.0)).train()
+        # Plain SGD: the weight change is the gradient itself (Adam's first step would be ~sign(gradient)).
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        stats = train_step(model, optimizer, None, [collate(corpus, g) for g in groups], settings)
+        results.append((model, float(stats.loss_sum)))
+    (accumulated, loss_a), (single, loss_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    for (name, a), (_, b) in zip(accumulated.named_parameters(), single.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    assert not math.isnan(loss_a)

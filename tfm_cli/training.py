@@ -1,0 +1,896 @@
+"""Training: label-smoothed loss, the inverse-sqrt schedule, the train/validate loop, checkpoints, exact resume.
+
+Library code: it never prints. Progress goes to an `on_event` callback and to metrics.jsonl in the
+run directory; stopping early is asked for through a `should_stop` callback (the CLI's signal handler).
+The training state is safetensors tensors plus JSON metadata: nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from tfm_cli import __version__
+from tfm_cli.checkpoint import Checkpoint, encode_checkpoint, model_weights
+from tfm_cli.config import ModelConfig, Recipe, TrainConfig, config_to_dict
+from tfm_cli.data import (
+    Batch,
+    FilterStats,
+    ParallelText,
+    TokenizedCorpus,
+    batch_indices,
+    collate,
+    count_tokens,
+    epoch_generator,
+    load_or_tokenize,
+    read_parallel,
+)
+from tfm_cli.errors import TfmError
+from tfm_cli.model import Transformer, count_parameters
+from tfm_cli.search import greedy_search
+from tfm_cli.textio import atomic_write_bytes
+from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
+
+STATE_FILE = "train_state.safetensors"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CACHE_DIR = "cache"
+STATE_FORMAT = "tfm-train-state"
+STATE_VERSION = 1
+STOP_INTERRUPTED = "interrupted"
+
+
+# ----------------------------------------------------------------------------------------------
+# Schedule and loss
+
+
+def learning_rate(step: int, d_model: int, warmup_steps: int, peak_lr: float) -> float:
+    """The learning rate of update `step` (1-based): linear warmup, then inverse square root decay.
+
+    Section 5.3: lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) when peak_lr = 0. With
+    peak_lr > 0, the same shape scaled to reach peak_lr at step = warmup (warmup 0: pure decay from step 1).
+    """
+    step = max(step, 1)
+    if peak_lr == 0:
+        return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+    if warmup_steps == 0:
+        return peak_lr * step**-0.5
+    return peak_lr * min(step / warmup_steps, (warmup_steps / step) ** 0.5)
+
+
+def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label-smoothed cross-entropy (section 5.4) over real target positions only.
+
+    logits: (N, V), targets: (N,) int64. The smoothed target puts 1 - epsilon on the reference and
+    epsilon spread uniformly over all V classes (torch's `label_smoothing` convention).
+    Returns (smoothed loss sum, plain negative log-likelihood sum), both float32 scalars.
+    """
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    nll = -log_probs.gather(1, targets[:, None]).squeeze(1)  # (N,)
+    uniform = -log_probs.mean(dim=-1)  # (N,)
+    return ((1.0 - epsilon) * nll + epsilon * uniform).sum(), nll.sum()
+
+
+def batch_loss(model: Transformer, batch: Batch, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced loss of one batch: (smoothed loss sum, nll sum) over its real target tokens.
+
+    The output projection and softmax, the costliest part with a large vocabulary, run only on the
+    rows of real target tokens (padding rows are dropped before projecting).
+    """
+    hidden = model.decode(batch.tgt_in, model.encode(batch.src)).hidden  # (B, T, D)
+    rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch.target_index)  # (N, D)
+    return label_smoothed_loss(model.project(rows), batch.targets, epsilon)
+
+
+# ----------------------------------------------------------------------------------------------
+# One optimizer update
+
+
+@dataclass
+class StepSettings:
+    """What a training step needs besides the model, optimizer and data."""
+
+    label_smoothing: float
+    clip_norm: float
+    autocast_dtype: torch.dtype | None  # None: run in float32
+    device_type: str
+
+
+@dataclass
+class StepStats:
+    """Sums over one update (tensors stay on the device: no host sync per step)."""
+
+    loss_sum: torch.Tensor
+    nll_sum: torch.Tensor
+    grad_norm: torch.Tensor | None
+
+
+def autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass, or a no-op in float32."""
+    if settings.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(settings.device_type, dtype=settings.autocast_dtype)
+
+
+def train_step(
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    batches: list[Batch],
+    settings: StepSettings,
+) -> StepStats:
+    """One optimizer update over `batches` (update_freq accumulation): gradients of the mean token loss.
+
+    The loss of every batch is divided by the target tokens of the whole update, so accumulating k
+    batches equals one batch k times larger. Returns the update's loss sums and the gradient norm.
+    """
+    n_tokens = sum(batch.n_tgt_tokens for batch in batches)
+    loss_total = torch.zeros((), device=batches[0].src.device)
+    nll_total = torch.zeros((), device=batches[0].src.device)
+    for batch in batches:
+        with autocast(settings):
+            loss, nll = batch_loss(model, batch, settings.label_smoothing)
+        scaled = loss / n_tokens
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_total += loss.detach()
+        nll_total += nll.detach()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = None
+    if settings.clip_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepStats(loss_total, nll_total, grad_norm)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+@dataclass
+class ValidResult:
+    """Validation figures: per-token loss (nats), perplexity, BLEU of decoded output."""
+
+    loss: float
+    nll_loss: float
+    ppl: float
+    bleu: float | None
+    bleu_signature: str | None
+    hypotheses: list[str] = field(default_factory=list)
+
+
+def decode_corpus(
+    model: Transformer, corpus: TokenizedCorpus, tgt_tokenizer: Tokenizer, config: TrainConfig, device: torch.device
+) -> list[str]:
+    """Detokenized model output for every source sentence of `corpus`, in corpus order.
+
+    Greedy search, or beam search with config.valid_beam_size > 1 when tfm_cli.search provides it.
+    """
+    from tfm_cli import search
+
+    outputs: list[str] = [""] * len(corpus)
+    use_beam = config.valid_beam_size > 1 and hasattr(search, "beam_search")
+    for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
+        batch = collate(corpus, indices).to(device)
+        if use_beam:
+            hypotheses = search.beam_search(
+                model, batch.src, beam_size=config.valid_beam_size,
+                max_len_a=config.valid_max_len_a, max_len_b=config.valid_max_len_b,
+            )
+            hypotheses = [h[0] if isinstance(h, list) else h for h in hypotheses]
+        else:
+            hypotheses = greedy_search(model, batch.src, config.valid_max_len_a, config.valid_max_len_b)
+        for row, hypothesis in zip(indices.tolist(), hypotheses):
+            outputs[row] = tgt_tokenizer.decode_ids(hypothesis.tokens)
+    return outputs
+
+
+def validate(
+    model: Transformer,
+    corpus: TokenizedCorpus,
+    references: list[str],
+    tgt_tokenizer: Tokenizer,
+    config: TrainConfig,
+    settings: StepSettings,
+    device: torch.device,
+) -> ValidResult:
+    """Loss and perplexity of the references, and (if config.valid_bleu) sacreBLEU of decoded output.
+
+    `references` are the raw target lines of the corpus rows, in corpus order. Leaves the model in
+    training mode.
+    """
+    import sacrebleu
+
+    model.eval()
+    loss_sum = nll_sum = 0.0
+    n_tokens = 0
+    with torch.inference_mode(), autocast(settings):
+        for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
+            batch = collate(corpus, indices).to(device)
+            loss, nll = batch_loss(model, batch, config.label_smoothing)
+            loss_sum += float(loss)
+            nll_sum += float(nll)
+            n_tokens += batch.n_tgt_tokens
+    bleu = signature = None
+    hypotheses: list[str] = []
+    if config.valid_bleu:
+        with autocast(settings):
+            hypotheses = decode_corpus(model, corpus, tgt_tokenizer, config, device)
+        metric = sacrebleu.metrics.BLEU()
+        bleu = metric.corpus_score(hypotheses, [references]).score
+        signature = str(metric.get_signature())
+    model.train()
+    nll_loss = nll_sum / max(n_tokens, 1)
+    return ValidResult(loss_sum / max(n_tokens, 1), nll_loss, math.exp(min(nll_loss, 100.0)), bleu, signature, hypotheses)
+
+
+# ----------------------------------------------------------------------------------------------
+# Events (what the CLI renders) and the resumable counters
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """A preparation phase begins (reading data, training a tokenizer, ...)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class DataEvent:
+    """One data set was read, filtered and tokenized."""
+
+    name: str  # "train" or "valid"
+    stats: FilterStats
+    from_cache: bool
+    src_tokens: int
+    tgt_tokens: int
+
+
+@dataclass(frozen=True)
+class StartEvent:
+    """Training (re)starts at `step`."""
+
+    step: int
+    epoch: int
+    resumed: bool
+    planned_steps: int | None  # the step at which a step or epoch limit ends training, if any
+    updates_per_epoch: int
+    n_parameters: int
+    device: str
+    model_config: ModelConfig
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """Training figures averaged over the last log interval."""
+
+    step: int
+    epoch: int  # 1-based epoch the last update belonged to
+    loss: float  # label-smoothed loss per target token (nats)
+    nll_loss: float
+    ppl: float
+    lr: float
+    grad_norm: float | None
+    tgt_tokens_per_s: float
+    tokens_per_s: float  # source + target tokens
+    padding: float  # share of padded positions in the batches (source + target)
+    elapsed: float  # seconds of training so far, all sessions
+    eta: float | None  # seconds until a step, epoch or time limit, if one is set
+
+
+@dataclass(frozen=True)
+class ValidEvent:
+    """Validation figures at `step`."""
+
+    step: int
+    epoch: int
+    loss: float
+    nll_loss: float
+    ppl: float
+    bleu: float | None
+    bleu_signature: str | None
+    best: bool  # this validation is the new best by train.best_metric
+    best_value: float
+    best_step: int
+    bad_validations: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One optimizer update finished (for live progress displays)."""
+
+    step: int
+    epochs_done: int
+
+
+@dataclass(frozen=True)
+class SaveEvent:
+    """Checkpoints and the training state were written at `step`."""
+
+    step: int
+    paths: list[str]
+
+
+Event = PhaseEvent | DataEvent | StartEvent | StepEvent | LogEvent | ValidEvent | SaveEvent
+
+
+@dataclass
+class Counters:
+    """Everything of the loop's position that resume needs, besides tensors (saved as JSON)."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    elapsed: float = 0.0  # training seconds, over all sessions
+    best_value: float | None = None
+    best_step: int = 0
+    bad_validations: int = 0  # validations in a row without improvement
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a training session ended."""
+
+    step: int
+    epoch: int
+    reason: str  # max_steps, max_epochs, max_minutes, patience or interrupted
+    best_value: float | None
+    best_step: int
+    last_valid: ValidResult | None
+    run_dir: Path
+
+
+# ----------------------------------------------------------------------------------------------
+# Training state: safetensors tensors + JSON, never pickle
+
+
+def state_tensors(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Model weights, Adam moments and RNG states as named CPU tensors."""
+    tensors = {f"model.{name}": tensor for name, tensor in model_weights(model).items()}
+    names = [name for name, _ in model.named_parameters()]
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer.{names[index]}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["rng.cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, rng in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = rng
+    return tensors
+
+
+def encode_state(
+    model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, counters: Counters
+) -> bytes:
+    """The whole training state as safetensors bytes (tensors + JSON metadata)."""
+    metadata = {
+        "format": STATE_FORMAT,
+        "format_version": str(STATE_VERSION),
+        "counters": json.dumps(asdict(counters)),
+        "scaler": json.dumps(scaler.state_dict() if scaler is not None else None),
+    }
+    return save(state_tensors(model, optimizer), metadata=metadata)
+
+
+def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a training-state file; raises TfmError if it is not one."""
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            metadata = json.loads(f.read(header_size)).get("__metadata__", {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise TfmError(f"{path}: unreadable training state ({error}); resume from a checkpoint instead") from None
+    if metadata.get("format") != STATE_FORMAT or metadata.get("format_version") != str(STATE_VERSION):
+        raise TfmError(f"{path}: not a tfm training state of version {STATE_VERSION}")
+    return tensors, metadata
+
+
+def restore_state(
+    path: Path, model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+) -> Counters:
+    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects."""
+    tensors, metadata = read_state(path)
+    names = [name for name, _ in model.named_parameters()]
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            saved = tensors.get(f"model.{name}")
+            if saved is None or saved.shape != param.shape:
+                raise TfmError(f"{path}: the training state does not match the model ({name}); start a new --run")
+            param.copy_(saved)
+    template = optimizer.state_dict()
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for index, name in enumerate(names):
+        prefix = f"optimizer.{name}."
+        entries = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+        if entries:
+            state[index] = entries
+    optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
+    torch.set_rng_state(tensors["rng.cpu"])
+    cuda_states = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    scaler_state = json.loads(metadata.get("scaler", "null"))
+    if scaler is not None and scaler_state:
+        scaler.load_state_dict(scaler_state)
+    return Counters(**json.loads(metadata["counters"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Preparation: data, tokenizers, run directory
+
+
+@dataclass
+class PreparedData:
+    """Everything the loop needs from the data side."""
+
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    train: TokenizedCorpus
+    valid: TokenizedCorpus | None
+    valid_references: list[str]
+
+
+def prepare_tokenizers(
+    recipe: Recipe, run_dir: Path, resume: bool, text: ParallelText, on_event: Callable[[Event], None]
+) -> tuple[Tokenizer, Tokenizer]:
+    """Load the recipe's sentencepiece models, or train them into the run directory (reused on resume)."""
+    settings = recipe.tokenizer
+    if settings.src_model:
+        src = Tokenizer.from_file(Path(settings.src_model))
+        tgt = Tokenizer.from_file(Path(settings.tgt_model)) if settings.tgt_model else src
+        return src, tgt
+    train_settings = settings.train_settings()
+    if settings.joint:
+        prefixes = {"joint": (run_dir / "spm", [text.src.path, text.tgt.path])}
+    else:
+        prefixes = {"src": (run_dir / "spm.src", [text.src.path]), "tgt": (run_dir / "spm.tgt", [text.tgt.path])}
+    loaded = {}
+    for side, (prefix, inputs) in prefixes.items():
+        model_path = Path(f"{prefix}.model")
+        if not (resume and model_path.is_file()):
+            on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
+                                f"sentencepiece model ({side}) -> {model_path}"))
+            train_sentencepiece(inputs, prefix, train_settings)
+        loaded[side] = Tokenizer.from_file(model_path)
+    if settings.joint:
+        return loaded["joint"], loaded["joint"]
+    return loaded["src"], loaded["tgt"]
+
+
+def prepare_data(recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None]) -> PreparedData:
+    """Read and check all text first (line counts, UTF-8), then tokenizers, then the tokenized corpora."""
+    data = recipe.data
+    on_event(PhaseEvent("reading the parallel text"))
+    train_text = read_parallel(data.train_src, data.train_tgt, "training")
+    valid_text = read_parallel(data.valid_src, data.valid_tgt, "validation") if data.valid_src else None
+    src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, train_text, on_event)
+    corpora = {}
+    for name, text in (("train", train_text), ("valid", valid_text)):
+        if text is None:
+            continue
+        on_event(PhaseEvent(f"tokenizing the {name} data"))
+        corpus, cached = load_or_tokenize(
+            text, src_tokenizer, tgt_tokenizer, data.max_length, run_dir / CACHE_DIR, name
+        )
+        src_tokens, tgt_tokens = count_tokens(corpus)
+        on_event(DataEvent(name, corpus.stats, cached, src_tokens, tgt_tokens))
+        corpora[name] = corpus
+    if len(corpora["train"]) == 0:
+        raise TfmError(f"no training pairs left after filtering {data.train_src} / {data.train_tgt}")
+    valid = corpora.get("valid")
+    if valid is not None and len(valid) == 0:
+        raise TfmError(f"no validation pairs left after filtering {data.valid_src} / {data.valid_tgt}")
+    references = [valid_text.tgt.lines[i] for i in valid.line_numbers.tolist()] if valid is not None else []
+    return PreparedData(src_tokenizer, tgt_tokenizer, corpora["train"], valid, references)
+
+
+def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
+    """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["recipe"]
+    except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+        raise TfmError(f"{path}: damaged run config; start a new --run") from None
+
+
+def check_resumable(recipe: Recipe, run_dir: Path) -> None:
+    """Raise TfmError if the recipe's data, tokenizer or model settings differ from the run's own."""
+    saved = saved_recipe(run_dir)
+    if saved is None:
+        raise TfmError(f"{run_dir}: no {CONFIG_FILE}; this is not a tfm run directory")
+    current = recipe.to_dict()
+    for section in ("data", "tokenizer", "model"):
+        old, new = saved.get(section, {}), current[section]
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                raise TfmError(
+                    f"--resume: {section}.{key} is {new.get(key)!r} but the run in {run_dir} used {old.get(key)!r}; "
+                    "only [train] settings may change on resume"
+                )
+
+
+def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
+    """Refuse to overwrite a run without --resume, or to resume one that does not exist or differs."""
+    if resume:
+        if not (run_dir / STATE_FILE).is_file():
+            raise TfmError(f"{run_dir}: no {STATE_FILE} to resume from; drop --resume to start a new run")
+        check_resumable(recipe, run_dir)
+    elif (run_dir / STATE_FILE).is_file():
+        raise TfmError(f"{run_dir} already holds a training run; add --resume to continue it, or choose another --run")
+
+
+def write_metrics(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as a line to metrics.jsonl."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metrics.jsonl records after `step` (written by a session that died after its last save)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line + "\n")
+    atomic_write_bytes(path, "".join(kept).encode("utf-8"))
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """checkpoint_NNNNNNNN.safetensors files in step order (8 digits: lexical order is numeric order)."""
+    return sorted(p for p in run_dir.glob("checkpoint_*.safetensors") if p.stem.split("_")[-1].isdigit())
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+
+
+class Trainer:
+    """Owns the model, optimizer and counters of one run, and runs the train/validate/save loop."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        run_dir: Path,
+        data: PreparedData,
+        device: torch.device,
+        on_event: Callable[[Event], None],
+    ) -> None:
+        config = recipe.train
+        self.recipe, self.config, self.run_dir, self.data, self.device = recipe, config, run_dir, data, device
+        self.on_event = on_event
+        self.model_config = recipe.model_config(data.src_tokenizer.vocab_size, data.tgt_tokenizer.vocab_size)
+        # The model's initial weights come from the run's seed, so a run is reproducible end to end.
+        torch.manual_seed(config.seed)
+        self.model = Transformer(self.model_config).to(device).train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=0.0, betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay,
+            fused=True,  # one kernel over all parameters instead of ~10 small ops per tensor
+        )
+        self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
+        dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+        self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type)
+        self.counters = Counters()
+        self.last_valid: ValidResult | None = None
+        self.metrics_path = run_dir / METRICS_FILE
+        self.epoch_cache: tuple[int, list[torch.Tensor]] | None = None
+
+    # -- data order ------------------------------------------------------------------------------
+
+    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
+        """The batches (index tensors) of epoch `epoch`, in training order; a function of (seed, epoch) only."""
+        if self.epoch_cache is None or self.epoch_cache[0] != epoch:
+            corpus = self.data.train
+            batches = batch_indices(
+                corpus.src_lengths, corpus.tgt_lengths, self.config.max_tokens, epoch_generator(self.config.seed, epoch)
+            )
+            self.epoch_cache = (epoch, batches)
+        return self.epoch_cache[1]
+
+    def next_update(self) -> Iterator[list[Batch]]:
+        """Yield the batches of each update forever, advancing counters.epoch/batch_in_epoch as it goes."""
+        while True:
+            batches = self.epoch_batches(self.counters.epoch)
+            start = self.counters.batch_in_epoch
+            group = batches[start : start + self.config.update_freq]
+            self.counters.batch_in_epoch += len(group)
+            if self.counters.batch_in_epoch >= len(batches):
+                self.counters.epoch += 1
+                self.counters.batch_in_epoch = 0
+            yield [collate(self.data.train, indices).to(self.device) for indices in group]
+
+    def updates_per_epoch(self) -> int:
+        """Optimizer updates in one epoch (batch counts vary by a few between epochs; epoch 0's is used)."""
+        return math.ceil(len(self.epoch_batches(0)) / self.config.update_freq)
+
+    def planned_steps(self) -> int | None:
+        """The step at which max_steps or max_epochs ends training (the smaller), or None if neither is set."""
+        limits = []
+        if self.config.max_steps:
+            limits.append(self.config.max_steps)
+        if self.config.max_epochs:
+            limits.append(self.config.max_epochs * self.updates_per_epoch())
+        return min(limits) if limits else None
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def provenance(self) -> dict[str, Any]:
+        """What every checkpoint records about how it was made."""
+        valid = None
+        if self.last_valid is not None:
+            valid = {"loss": self.last_valid.loss, "ppl": self.last_valid.ppl, "bleu": self.last_valid.bleu,
+                     "bleu_signature": self.last_valid.bleu_signature}
+        return {
+            "tfm_version": __version__,
+            "step": self.counters.step,
+            "epoch": self.counters.epoch,
+            "recipe": self.recipe.to_dict(),
+            "valid": valid,
+        }
+
+    def checkpoint_bytes(self) -> bytes:
+        """The current weights as a self-contained checkpoint (see tfm_cli.checkpoint)."""
+        checkpoint = Checkpoint(
+            config=self.model_config,
+            weights=model_weights(self.model),
+            src_tokenizer_bytes=self.data.src_tokenizer.model_bytes,
+            tgt_tokenizer_bytes=self.data.tgt_tokenizer.model_bytes,
+            provenance=self.provenance(),
+        )
+        return encode_checkpoint(checkpoint)
+
+    def save(self) -> None:
+        """Write checkpoint_STEP, checkpoint_last and then the training state, each atomically.
+
+        The state is written last and holds its own copy of the weights, so a kill at any moment
+        leaves a state that resumes exactly (losing at most the updates since the previous save).
+        """
+        data = self.checkpoint_bytes()
+        step_path = self.run_dir / f"checkpoint_{self.counters.step:08d}.safetensors"
+        last_path = self.run_dir / "checkpoint_last.safetensors"
+        atomic_write_bytes(step_path, data)
+        atomic_write_bytes(last_path, data)
+        atomic_write_bytes(self.run_dir / STATE_FILE, encode_state(self.model, self.optimizer, self.scaler, self.counters))
+        if self.config.keep_last:
+            for old in step_checkpoints(self.run_dir)[: -self.config.keep_last]:
+                old.unlink(missing_ok=True)
+        self.on_event(SaveEvent(self.counters.step, [str(step_path), str(last_path)]))
+
+    def write_config(self) -> None:
+        """Write the resolved recipe, model config and tokenizer origin to config.json in the run directory."""
+        record = {
+            "tfm_version": __version__,
+            "recipe": self.recipe.to_dict(),
+            "model_config": config_to_dict(self.model_config),
+        }
+        atomic_write_bytes(self.run_dir / CONFIG_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def run_validation(self) -> None:
+        """Validate, track the best value (writing checkpoint_best), count validations without improvement."""
+        started = time.monotonic()
+        result = validate(
+            self.model, self.data.valid, self.data.valid_references, self.data.tgt_tokenizer,
+            self.config, self.settings, self.device,
+        )
+        self.last_valid = result
+        value = result.bleu if self.config.best_metric == "bleu" else result.loss
+        best = self.counters.best_value
+        improved = best is None or (value > best if self.config.best_metric == "bleu" else value < best)
+        if improved:
+            self.counters.best_value, self.counters.best_step, self.counters.bad_validations = value, self.counters.step, 0
+            atomic_write_bytes(self.run_dir / "checkpoint_best.safetensors", self.checkpoint_bytes())
+        else:
+            self.counters.bad_validations += 1
+        event = ValidEvent(
+            step=self.counters.step, epoch=self.counters.epoch + 1, loss=result.loss, nll_loss=result.nll_loss,
+            ppl=result.ppl, bleu=result.bleu, bleu_signature=result.bleu_signature, best=improved,
+            best_value=self.counters.best_value, best_step=self.counters.best_step,
+            bad_validations=self.counters.bad_validations, seconds=time.monotonic() - started,
+        )
+        write_metrics(self.metrics_path, {"kind": "valid", **asdict(event)})
+        self.on_event(event)
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def stop_reason(self, should_stop: Callable[[], bool]) -> str | None:
+        """Why training should stop now, or None to go on."""
+        config, counters = self.config, self.counters
+        if should_stop():
+            return STOP_INTERRUPTED
+        if config.max_steps and counters.step >= config.max_steps:
+            return "max_steps"
+        if config.max_epochs and counters.epoch >= config.max_epochs:
+            return "max_epochs"
+        if config.max_minutes and counters.elapsed >= config.max_minutes * 60:
+            return "max_minutes"
+        if config.patience and counters.bad_validations >= config.patience:
+            return "patience"
+        return None
+
+    def eta(self, seconds_per_step: float) -> float | None:
+        """Seconds until the nearest step, epoch or time limit, at the current speed."""
+        estimates = []
+        planned = self.planned_steps()
+        if planned is not None:
+            estimates.append(max(planned - self.counters.step, 0) * seconds_per_step)
+        if self.config.max_minutes:
+            estimates.append(max(self.config.max_minutes * 60 - self.counters.elapsed, 0.0))
+        return min(estimates) if estimates else None
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def train(self, should_stop: Callable[[], bool]) -> TrainResult:
+        """Train until a limit or `should_stop()`; validate, log and save on schedule and at the end."""
+        config, counters = self.config, self.counters
+        d_model = self.model_config.d_model
+        reason = self.stop_reason(should_stop)
+        updates = self.next_update()
+        window = LogWindow()
+        clock = time.monotonic()
+        while reason is None:
+            batches = next(updates)
+            lr = learning_rate(counters.step + 1, d_model, config.warmup_steps, config.lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            stats = train_step(self.model, self.optimizer, self.scaler, batches, self.settings)
+            counters.step += 1
+            window.add(stats, batches)
+            now = time.monotonic()
+            counters.elapsed += now - clock
+            clock = now
+            if counters.step % config.log_every == 0:
+                self.log(window, lr)
+                window = LogWindow()
+            validated = saved = False
+            if self.data.valid is not None and counters.step % config.valid_every == 0:
+                self.run_validation()
+                validated = True
+            reason = self.stop_reason(should_stop)
+            if self.data.valid is not None and reason not in (None, STOP_INTERRUPTED) and not validated:
+                self.run_validation()
+            if counters.step % config.save_every == 0 or reason is not None:
+                self.save()
+                saved = True
+            if validated or saved:
+                # Validation and saving are not training time for tokens/s; they count towards max_minutes.
+                now = time.monotonic()
+                counters.elapsed += now - clock
+                window.exclude(now - clock)
+                clock = now
+            self.on_event(StepEvent(counters.step, counters.epoch))
+        return TrainResult(
+            step=counters.step, epoch=counters.epoch, reason=reason, best_value=counters.best_value,
+            best_step=counters.best_step, last_valid=self.last_valid, run_dir=self.run_dir,
+        )
+
+    def log(self, window: LogWindow, lr: float) -> None:
+        """Emit (and append to metrics.jsonl) the figures of the last log interval."""
+        figures = window.figures()
+        seconds_per_step = figures["seconds"] / max(window.steps, 1)
+        event = LogEvent(
+            step=self.counters.step,
+            epoch=self.counters.epoch + (1 if self.counters.batch_in_epoch else 0),
+            loss=figures["loss"], nll_loss=figures["nll_loss"], ppl=math.exp(min(figures["nll_loss"], 100.0)),
+            lr=lr, grad_norm=figures["grad_norm"],
+            tgt_tokens_per_s=figures["tgt_tokens_per_s"], tokens_per_s=figures["tokens_per_s"],
+            padding=figures["padding"], elapsed=self.counters.elapsed, eta=self.eta(seconds_per_step),
+        )
+        write_metrics(self.metrics_path, {"kind": "train", **asdict(event)})
+        self.on_event(event)
+
+
+class LogWindow:
+    """Running sums over one log interval; converted to host numbers only when logged."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.excluded = 0.0
+        self.steps = 0
+        self.loss_sum: torch.Tensor | float = 0.0
+        self.nll_sum: torch.Tensor | float = 0.0
+        self.grad_norm_sum: torch.Tensor | float | None = None
+        self.tgt_tokens = self.src_tokens = self.padded = 0
+
+    def add(self, stats: StepStats, batches: list[Batch]) -> None:
+        """Add one update's sums and token counts."""
+        self.steps += 1
+        self.loss_sum = self.loss_sum + stats.loss_sum
+        self.nll_sum = self.nll_sum + stats.nll_sum
+        if stats.grad_norm is not None:
+            self.grad_norm_sum = (self.grad_norm_sum or 0.0) + stats.grad_norm
+        for batch in batches:
+            self.tgt_tokens += batch.n_tgt_tokens
+            self.src_tokens += batch.n_src_tokens
+            self.padded += batch.n_padded_tokens
+
+    def exclude(self, seconds: float) -> None:
+        """Do not count `seconds` (validation, saving) as training time."""
+        self.excluded += seconds
+
+    def figures(self) -> dict[str, Any]:
+        """Per-token losses, mean gradient norm, throughput and padding share of the interval."""
+        seconds = max(time.monotonic() - self.started - self.excluded, 1e-9)
+        tokens = max(self.tgt_tokens, 1)
+        grad_norm = None if self.grad_norm_sum is None else float(self.grad_norm_sum) / self.steps
+        return {
+            "loss": float(self.loss_sum) / tokens,
+            "nll_loss": float(self.nll_sum) / tokens,
+            "grad_norm": grad_norm,
+            "tgt_tokens_per_s": self.tgt_tokens / seconds,
+            "tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,
+            "padding": 1.0 - (self.tgt_tokens + self.src_tokens) / max(self.padded, 1),
+            "seconds": seconds,
+        }
+
+
+def run_training(
+    recipe: Recipe,
+    run_dir: Path,
+    resume: bool = False,
+    device: str | torch.device = "cpu",
+    on_event: Callable[[Event], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainResult:
+    """Train `recipe` in `run_dir` (created if needed), or continue it with `resume`.
+
+    Reads and checks the data first, trains or loads the tokenizers, caches the tokenized data in
+    run_dir/cache, then trains until a limit or `should_stop()`. Returns how it ended.
+    """
+    on_event = on_event or (lambda event: None)
+    should_stop = should_stop or (lambda: False)
+    run_dir = Path(run_dir)
+    device = torch.device(device)
+    config = recipe.train
+    if config.precision != "fp32" and device.type != "cuda":
+        raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
+    if recipe.data.max_length > config.max_tokens:
+        raise TfmError(
+            f"data.max_length ({recipe.data.max_length}) is larger than train.max_tokens ({config.max_tokens}); "
+            "a batch must hold at least one sentence"
+        )
+    if config.best_metric == "bleu" and not config.valid_bleu and recipe.data.valid_src:
+        raise TfmError("train.best_metric = 'bleu' needs train.valid_bleu = true (or use best_metric = 'loss')")
+    if config.patience and not recipe.data.valid_src:
+        raise TfmError("train.patience needs validation data (data.valid_src and data.valid_tgt)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TfmError(f"{run_dir}: exists and is not a directory")
+    max_positions = recipe.model.get("max_positions", ModelConfig.max_positions)
+    if max_positions < recipe.data.max_length:
+        raise TfmError(f"model.max_positions ({max_positions}) must be at least data.max_length ({recipe.data.max_length})")
+    check_run_dir(recipe, run_dir, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(recipe, run_dir, resume, on_event)
+    trainer = Trainer(recipe, run_dir, data, device, on_event)
+    if resume:
+        trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler)
+        truncate_metrics(trainer.metrics_path, trainer.counters.step)
+    trainer.write_config()
+    on_event(StartEvent(
+        step=trainer.counters.step, epoch=trainer.counters.epoch, resumed=resume,
+        planned_steps=trainer.planned_steps(), updates_per_epoch=trainer.updates_per_epoch(),
+        n_parameters=count_parameters(trainer.model), device=str(device), model_config=trainer.model_config,
+    ))
+    return trainer.train(should_stop)
