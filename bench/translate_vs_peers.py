@@ -59,7 +59,7 @@ class Job:
     output_file: str
 
 
-def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int) -> Path:
+def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limit: int) -> Path:
     """Convert the checkpoint (MarianMT, CTranslate2 float32/int8) and write the batches as JSON.
 
     Returns the batches file: a list of batches, each a list of [line_index, source ids + EOS],
@@ -74,7 +74,7 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int) -> P
     save_marian(read_checkpoint(checkpoint), workdir / "marian")
     for quantization in ("float32", "int8"):
         convert_to_ctranslate2(workdir / "marian", workdir / f"ct2-{quantization}", quantization)
-    lines = list(iter_lines(str(source)))
+    lines = list(iter_lines(str(source)))[:limit]
     eos = loaded.config.eos_id
     ids = [loaded.src_tokenizer.encode_ids(line) + [eos] for line in lines]
     order = sorted(range(len(ids)), key=lambda i: (-len(ids[i]), i))
@@ -91,7 +91,7 @@ def run_job(job: Job) -> None:
         # The library path takes the raw lines in one chunk and batches them itself.
         from tfm_cli.textio import iter_lines
 
-        lines = list(iter_lines(job.source))
+        lines = list(iter_lines(job.source))[: sum(len(batch) for batch in batches)]
         batches = [[[i, line] for i, line in enumerate(lines)]]
         warmup = [[i, lines[i]] for i in range(32)]
     else:
@@ -251,6 +251,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch, the same for every engine")
     parser.add_argument("--max-steps", type=int, default=24, help="decoder steps per sentence at most (EOS included)")
+    parser.add_argument("--limit", type=int, default=1000, help="use the first LIMIT source lines")
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH_DIR))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +260,7 @@ def main() -> None:
         from bench_model import make_bench_checkpoint
 
         checkpoint = make_bench_checkpoint(args.workdir / "random.safetensors")
-    batches_file = prepare(checkpoint, args.workdir, args.source, args.batch_size)
+    batches_file = prepare(checkpoint, args.workdir, args.source, args.batch_size, args.limit)
     engines = args.engines.split(",")
     n_sentences = sum(len(b) for b in json.loads(batches_file.read_text()))
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine_description()}")

@@ -43,13 +43,21 @@ class DecoderState:
     memory_mask: torch.Tensor  # (B, 1, 1, S) bool
     self_caches: list[KeyValueCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
     cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (B, H, S, Dh), fixed
+    memory_rows: torch.Tensor  # (B,) int64: the encoded sentence whose memory row b's cross caches hold
     position: int = 0  # number of target tokens decoded so far
 
     def select(self, indices: torch.Tensor) -> None:
         """Keep hypotheses `indices` (B',) int64, in that order: beam reordering and dropping finished rows."""
-        self.memory_mask = self.memory_mask.index_select(0, indices)
-        for cache in (*self.self_caches, *self.cross_caches):
+        for cache in self.self_caches:
             cache.select(indices)
+        memory_rows = self.memory_rows.index_select(0, indices)
+        # A beam reorder keeps every row on its own sentence, so the cross-attention keys/values
+        # (the largest cache) are already in place: copying them each step cost as much as the step's matmuls.
+        if not torch.equal(memory_rows, self.memory_rows):
+            self.memory_mask = self.memory_mask.index_select(0, indices)
+            for cache in self.cross_caches:
+                cache.select(indices)
+        self.memory_rows = memory_rows
 
     @property
     def batch_size(self) -> int:
@@ -155,6 +163,7 @@ class Transformer(nn.Module):
             memory_mask=encoded.src_mask[:, None, None, :],
             self_caches=[KeyValueCache() for _ in self.decoder_layers],
             cross_caches=cross_caches,
+            memory_rows=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
         )
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState, need_weights: bool = False) -> StepOutput:
