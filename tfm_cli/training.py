@@ -257,6 +257,7 @@ class DataEvent:
 
     name: str  # "train" or "valid"
     stats: FilterStats
+    max_length: int
     from_cache: bool
     src_tokens: int
     tgt_tokens: int
@@ -490,7 +491,7 @@ def prepare_data(recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable
             text, src_tokenizer, tgt_tokenizer, data.max_length, run_dir / CACHE_DIR, name
         )
         src_tokens, tgt_tokens = count_tokens(corpus)
-        on_event(DataEvent(name, corpus.stats, cached, src_tokens, tgt_tokens))
+        on_event(DataEvent(name, corpus.stats, data.max_length, cached, src_tokens, tgt_tokens))
         corpora[name] = corpus
     if len(corpora["train"]) == 0:
         raise TfmError(f"no training pairs left after filtering {data.train_src} / {data.train_tgt}")

@@ -109,8 +109,8 @@ class TrainDisplay:
         self.print(line)
         if stats.empty or stats.too_long:
             print_warning(
-                f"{event.name} data: skipped {stats.empty:,} pairs with an empty side and {stats.too_long:,} pairs "
-                "over data.max_length tokens"
+                f"{event.name} data: skipped {plural(stats.empty, 'pair')} with an empty side and "
+                f"{plural(stats.too_long, 'pair')} over data.max_length ({event.max_length}) tokens"
             )
 
     def start(self, event) -> None:
@@ -166,6 +166,11 @@ class TrainDisplay:
             self.progress.stop()
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 pair', '2 pairs'."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def format_seconds(seconds: float) -> str:
     """H:MM:SS."""
     seconds = int(seconds)
@@ -193,6 +198,7 @@ def train(
 
     if threads < 0:
         raise TfmError(f"--threads must be >= 0, got {threads}")
+    previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     run_dir = Path(run)
@@ -209,6 +215,7 @@ def train(
     finally:
         display.close()
         stop.restore()
+        torch.set_num_threads(previous_threads)  # in-process callers (tests, notebooks) keep their setting
     best = ""
     if result.best_value is not None:
         metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"
@@ -220,5 +227,8 @@ def train(
             quiet=quiet,
         )
         return
-    print_info(f"done ({result.reason}) at step {result.step:,}, epoch {result.epoch}{best}; checkpoints in {run_dir}",
-               quiet=quiet)
+    print_info(
+        f"done ({result.reason}) at step {result.step:,} after {plural(result.epoch, 'full epoch')}{best}; "
+        f"checkpoints in {run_dir}",
+        quiet=quiet,
+    )

@@ -1,0 +1,251 @@
+"""`tfm train` through the CLI: exact resume, Ctrl-C/SIGTERM/SIGKILL, atomic checkpoints, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO_ROOT, run_cli
+from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+
+TINY = REPO_ROOT / "recipes" / "tiny.toml"
+LETTERS = "abcdefgh"
+
+
+def write_pairs(folder: Path, name: str, count: int, seed: int) -> tuple[Path, Path]:
+    """`count` pairs of random letter sequences and their reversals, as NAME.src / NAME.tgt."""
+    generator = torch.Generator().manual_seed(seed)
+    lines = []
+    for _ in range(count):
+        length = int(torch.randint(3, 8, (1,), generator=generator))
+        lines.append(" ".join(LETTERS[int(i)] for i in torch.randint(0, 8, (length,), generator=generator)))
+    src, tgt = folder / f"{name}.src", folder / f"{name}.tgt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    tgt.write_text("".join(" ".join(reversed(line.split())) + "\n" for line in lines), encoding="utf-8")
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def letters(tmp_path_factory) -> dict[str, Path]:
+    """Small letter data (200 train, 20 valid pairs) and a 20-piece sentencepiece model for it."""
+    folder = tmp_path_factory.mktemp("letters")
+    train_src, train_tgt = write_pairs(folder, "train", 200, seed=1)
+    valid_src, valid_tgt = write_pairs(folder, "valid", 20, seed=2)
+    spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
+    return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}
+
+
+def settings(letters: dict[str, Path], **train: object) -> list[str]:
+    """--set options: the tiny recipe on the letter data, with dropout on (so RNG state matters) and `train` keys."""
+    values = {
+        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
+        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
+        "tokenizer.src_model": letters["spm"],
+        "model.dropout": 0.1, "model.attention_dropout": 0.1,
+        "train.max_tokens": 256, "train.update_freq": 2, "train.warmup_steps": 5, "train.log_every": 1,
+        "train.valid_every": 5, "train.save_every": 1000, "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 2,
+    }
+    values.update({f"train.{key}": value for key, value in train.items()})
+    return [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+
+
+def train(run: Path, options: list[str], resume: bool = False, recipe: Path | None = TINY):
+    args = ["train", *([recipe] if recipe else []), "--run", run, "--threads", "1", *options]
+    return run_cli(args + (["--resume"] if resume else []))
+
+
+def error_lines(stderr: str) -> int:
+    """How many `error:` lines stderr holds."""
+    return sum(line.startswith("error:") for line in stderr.splitlines())
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a checkpoint (the embedded tokenizer bytes left out)."""
+    return {k: v for k, v in load_file(str(path)).items() if not k.startswith("tokenizer.")}
+
+
+def test_n_steps_then_resume_n_steps_is_bit_identical_to_2n_steps(tmp_path, letters):
+    straight = train(tmp_path / "straight", settings(letters, max_steps=14))
+    assert straight.exit_code == 0, straight.stderr
+    first = train(tmp_path / "resumed", settings(letters, max_steps=7))
+    assert first.exit_code == 0, first.stderr
+    second = train(tmp_path / "resumed", settings(letters, max_steps=14), resume=True)
+    assert second.exit_code == 0, second.stderr
+    assert "resumed at step 7" in second.stderr
+    a = weights(tmp_path / "straight" / "checkpoint_last.safetensors")
+    b = weights(tmp_path / "resumed" / "checkpoint_last.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[name], b[name]) for name in a), [n for n in a if not torch.equal(a[n], b[n])]
+    # The run's data order crossed epoch boundaries and the resume point fell mid-epoch.
+    updates_per_epoch = int(second.stderr.split(" updates per epoch")[0].rsplit(" ", 1)[-1])
+    assert 7 % updates_per_epoch != 0 and 14 > updates_per_epoch
+    # Every checkpoint carries the resolved recipe; the run directory has it as config.json.
+    provenance = read_checkpoint(tmp_path / "resumed" / "checkpoint_last.safetensors").provenance
+    assert provenance["step"] == 14 and provenance["recipe"]["train"]["max_steps"] == 14
+    config = json.loads((tmp_path / "resumed" / "config.json").read_text())
+    assert config["recipe"]["data"]["train_src"] == str(letters["train_src"])
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s <= 14] == steps and 14 in steps
+
+
+def test_keep_last_and_checkpoint_names(tmp_path, letters):
+    result = train(tmp_path / "run", settings(letters, max_steps=8, save_every=2, keep_last=2))
+    assert result.exit_code == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.safetensors"))
+    assert names == ["checkpoint_00000006.safetensors", "checkpoint_00000008.safetensors",
+                     "checkpoint_best.safetensors", "checkpoint_last.safetensors"]
+    assert read_checkpoint(tmp_path / "run" / "checkpoint_best.safetensors").provenance["valid"]["bleu"] is not None
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_one_intact(tmp_path, letters, monkeypatch):
+    run = tmp_path / "run"
+    assert train(run, settings(letters, max_steps=4, save_every=2)).exit_code == 0
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(dst).endswith("checkpoint_last.safetensors"):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        train(run, settings(letters, max_steps=6, save_every=2), resume=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 4
+    assert not list(run.glob(".*.tmp")), "a temp file was left behind"
+    # The training state was not advanced either, so the run resumes from step 4.
+    again = train(run, settings(letters, max_steps=6, save_every=2), resume=True)
+    assert again.exit_code == 0 and "resumed at step 4" in again.stderr
+
+
+def start_process(run: Path, options: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "tfm_cli", "train", str(TINY), "--run", str(run), "--threads", "1", *options]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for_steps(run: Path, count: int, process: subprocess.Popen, timeout: float = 90) -> None:
+    """Wait until metrics.jsonl holds `count` training records (log_every = 1)."""
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()
+        if metrics.is_file() and sum('"kind": "train"' in line for line in metrics.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.05)
+    process.kill()
+    pytest.fail(f"training did not reach {count} steps in {timeout} s")
+
+
+def saved_step(run: Path) -> int:
+    with open(run / "train_state.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return json.loads(header["__metadata__"]["counters"])["step"]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, letters):
+    run = tmp_path / "run"
+    process = start_process(run, settings(letters, max_steps=100000, valid_every=100000))
+    wait_for_steps(run, 3, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr.decode()
+    assert "interrupted: saved step" in stderr.decode()
+    step = saved_step(run)
+    assert step >= 3
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == step
+    resumed = train(run, settings(letters, max_steps=step + 2), resume=True, recipe=None)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert f"resumed at step {step}" in resumed.stderr
+
+
+def test_sigkill_loses_only_the_steps_since_the_last_save(tmp_path, letters):
+    run = tmp_path / "run"
+    process = start_process(run, settings(letters, max_steps=100000, valid_every=100000, save_every=2))
+    wait_for_steps(run, 5, process)
+    process.kill()
+    process.communicate(timeout=60)
+    step = saved_step(run)
+    assert step >= 4
+    resumed = train(run, settings(letters, max_steps=step + 1), resume=True)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert f"resumed at step {step}" in resumed.stderr
+
+
+def test_different_line_counts_fail_before_training(tmp_path, letters):
+    short = tmp_path / "short.tgt"
+    short.write_text("".join(letters["train_tgt"].read_text().splitlines(keepends=True)[:150]))
+    options = settings(letters, max_steps=2) + ["--set", f"data.train_tgt={short}", "--set", "tokenizer.src_model="]
+    result = train(tmp_path / "run", options)
+    assert result.exit_code == 1
+    assert f"{letters['train_src']} has 200 lines but {short} has 150" in result.stderr
+    assert error_lines(result.stderr) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "spm.model").exists()  # no tokenizer was trained, nothing else ran
+
+
+def test_invalid_utf8_is_reported_with_file_and_line(tmp_path, letters):
+    bad = tmp_path / "bad.src"
+    lines = letters["train_src"].read_bytes().splitlines(keepends=True)
+    lines[41] = b"a \xc3\x28 b\n"
+    bad.write_bytes(b"".join(lines))
+    result = train(tmp_path / "run", settings(letters, max_steps=2) + ["--set", f"data.train_src={bad}"])
+    assert result.exit_code == 1
+    assert f"{bad}:42: invalid UTF-8" in result.stderr
+
+
+def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, letters):
+    src = tmp_path / "train.src"
+    tgt = tmp_path / "train.tgt"
+    src_lines = letters["train_src"].read_text().splitlines()
+    tgt_lines = letters["train_tgt"].read_text().splitlines()
+    src_lines[3] = ""
+    tgt_lines[5] = "  "
+    src_lines[7] = " ".join("a" * 70)
+    src.write_text("\n".join(src_lines) + "\n")
+    tgt.write_text("\n".join(tgt_lines) + "\n")
+    options = settings(letters, max_steps=1) + ["--set", f"data.train_src={src}", "--set", f"data.train_tgt={tgt}"]
+    result = train(tmp_path / "run", options)
+    assert result.exit_code == 0, result.stderr
+    assert "train data: 200 pairs read, 197 kept" in result.stderr
+    assert "skipped 2 pairs with an empty side and 1 pair over data.max_length (64) tokens" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--set", "train.max_stepz=3"], "unknown key train.max_stepz"),
+        (["--set", "model.n_heads=true"], "model.n_heads must be an integer"),
+        (["--set", "train.precision=bf16", "--device", "cpu"], "needs a CUDA device"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path, letters, options, message):
+    result = train(tmp_path / "run", settings(letters, max_steps=1) + options)
+    assert result.exit_code == 1
+    assert message in result.stderr and error_lines(result.stderr) == 1
+
+
+def test_a_recipe_with_an_unknown_key_names_it(tmp_path):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(TINY.read_text().replace("[model]\n", "[model]\nlayers = 3\n"))
+    result = run_cli(["train", recipe, "--run", tmp_path / "run"])
+    assert result.exit_code == 1 and "unknown key model.layers" in result.stderr
+
+
+def test_an_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, letters):
+    run = tmp_path / "run"
+    missing = train(run, settings(letters, max_steps=1), resume=True)
+    assert missing.exit_code == 1 and "no run to resume" not in missing.stderr and "--resume" in missing.stderr
+    assert train(run, settings(letters, max_steps=1)).exit_code == 0
+    again = train(run, settings(letters, max_steps=2))
+    assert again.exit_code == 1 and "already holds a training run" in again.stderr
+    changed = train(run, settings(letters, max_steps=2) + ["--set", "model.d_model=64"], resume=True)
+    assert changed.exit_code == 1 and "model.d_model" in changed.stderr
