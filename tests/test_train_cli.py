@@ -99,7 +99,7 @@ def test_n_steps_then_resume_n_steps_is_bit_identical_to_2n_steps(tmp_path, lett
 
 
 def test_keep_last_and_checkpoint_names(tmp_path, letters):
-    result = train(tmp_path / "run", settings(letters, max_steps=8, save_every=2, keep_last=2))
+    result = train(tmp_path / "run", settings(letters, max_steps=8, save_every=2, keep_last=2, valid_beam_size=2))
     assert result.exit_code == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "run").glob("checkpoint_*.safetensors"))
     assert names == ["checkpoint_00000006.safetensors", "checkpoint_00000008.safetensors",

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save
 
 from tfm_cli import __version__
 from tfm_cli.checkpoint import Checkpoint, encode_checkpoint, model_weights
-from tfm_cli.config import ModelConfig, Recipe, TrainConfig, config_to_dict
+from tfm_cli.config import DecodeConfig, ModelConfig, Recipe, TrainConfig, config_to_dict
 from tfm_cli.data import (
     Batch,
     FilterStats,
@@ -38,7 +38,7 @@ from tfm_cli.data import (
 )
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
-from tfm_cli.search import greedy_search
+from tfm_cli.search import beam_search, greedy_search
 from tfm_cli.textio import atomic_write_bytes
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 
@@ -180,20 +180,16 @@ def decode_corpus(
 ) -> list[str]:
     """Detokenized model output for every source sentence of `corpus`, in corpus order.
 
-    Greedy search, or beam search with config.valid_beam_size > 1 when tfm_cli.search provides it.
+    Greedy search, or beam search (length penalty 0.6, section 6.1) with config.valid_beam_size > 1.
     """
-    from tfm_cli import search
-
+    decode_config = DecodeConfig(
+        beam_size=config.valid_beam_size, max_len_a=config.valid_max_len_a, max_len_b=config.valid_max_len_b
+    )
     outputs: list[str] = [""] * len(corpus)
-    use_beam = config.valid_beam_size > 1 and hasattr(search, "beam_search")
     for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
         batch = collate(corpus, indices).to(device)
-        if use_beam:
-            hypotheses = search.beam_search(
-                model, batch.src, beam_size=config.valid_beam_size,
-                max_len_a=config.valid_max_len_a, max_len_b=config.valid_max_len_b,
-            )
-            hypotheses = [h[0] if isinstance(h, list) else h for h in hypotheses]
+        if decode_config.beam_size > 1:
+            hypotheses = [nbest[0] for nbest in beam_search(model, batch.src, decode_config)]
         else:
             hypotheses = greedy_search(model, batch.src, config.valid_max_len_a, config.valid_max_len_b)
         for row, hypothesis in zip(indices.tolist(), hypotheses):

@@ -220,6 +220,9 @@ def train(
     if result.best_value is not None:
         metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"
         best = f"; best {metric} {result.best_value:.2f} at step {result.best_step:,}"
+    if result.reason == "interrupted" and result.step == 0:
+        print_info("interrupted before the first update; nothing to save", quiet=quiet)
+        return
     if result.reason == "interrupted":
         print_info(
             f"interrupted: saved step {result.step:,} in {run_dir}{best}; continue with "
