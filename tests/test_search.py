@@ -14,7 +14,7 @@ from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
-from translate_support import trained_checkpoint
+from translate_support import one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 
 def forced_log_prob(model: Transformer, src_row: list[int], tokens: list[int]) -> float:

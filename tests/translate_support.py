@@ -6,10 +6,13 @@ the training code; cached per test process so every test module shares one model
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import MULTI30K_DIR, tiny_config
@@ -26,6 +29,7 @@ def trained_checkpoint() -> Path:
     from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     folder = Path(tempfile.mkdtemp(prefix="tfm-translate-tests-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     spm_path = train_sentencepiece(
         [MULTI30K_DIR / "val.de", MULTI30K_DIR / "val.en"], folder / "joint", TokenizerTrainConfig(vocab_size=500)
     )
@@ -81,3 +85,13 @@ def pad(rows: list[list[int]]) -> torch.Tensor:
     for i, row in enumerate(rows):
         batch[i, : len(row)] = torch.tensor(row)
     return batch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Run a module's tests on one CPU thread: a d_model=64 model gains nothing from two, and on a
+    busy machine two OpenMP threads wait on each other many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -196,13 +196,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
             if not alive:
                 break
-            state.select(padded_rows(next_rows))
-        else:
-            # Beams only moved within their sentence, whose rows share one memory: the cross-attention
-            # keys/values and mask are already right, so only the self-attention caches are reordered.
-            rows = padded_rows(next_rows)
-            for cache in state.self_caches:
-                cache.select(rows)
+        state.select(padded_rows(next_rows))
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
         scores, tokens = next_scores, next_tokens
         step += 1

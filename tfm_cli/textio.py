@@ -48,16 +48,17 @@ def open_binary_input(path: str) -> IO[bytes]:
 
 
 def iter_lines(
-    path: str, strict_utf8: bool = True, stats: DecodeStats | None = None
+    path: str, strict_utf8: bool = True, stats: DecodeStats | None = None, stream: IO[bytes] | None = None
 ) -> Iterator[str]:
     """Yield the lines of `path` (`-` = stdin) without their line ending (LF or CRLF).
 
     With `strict_utf8`, invalid UTF-8 raises TfmError naming the file and line number; otherwise
     bad bytes become U+FFFD and each repaired line is counted in `stats`. Lines are yielded as soon
-    as they arrive, so this works in interactive pipes.
+    as they arrive, so this works in interactive pipes. `stream`, if given, is read instead of
+    opening `path` (which still names it in messages).
     """
     name = "<stdin>" if path == STDIO else path
-    stream = open_binary_input(path)
+    stream = open_binary_input(path) if stream is None else stream
     try:
         for number, raw in enumerate(iter(stream.readline, b""), start=1):
             if raw.endswith(b"\n"):
@@ -77,6 +78,19 @@ def iter_lines(
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
+
+
+def thread_stdin() -> IO[bytes] | None:
+    """A binary reader of fd 0 of its own, for reading stdin in a daemon thread; None if stdin has no fd.
+
+    sys.stdin.buffer must not be used there: if the program exits while that thread waits for input,
+    the interpreter's shutdown blocks on the buffer's lock and aborts ("could not acquire lock").
+    """
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return io.BufferedReader(io.FileIO(fd, "rb", closefd=False))
 
 
 def read_lines(path: str, strict_utf8: bool = True) -> list[str]:

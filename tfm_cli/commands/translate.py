@@ -1,16 +1,151 @@
-"""`tfm translate` (not built yet)."""
+"""`tfm translate`: raw text in, translations out, one line per line, in order, as a Unix filter."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import sys
+import time
 
 import typer
 
-from tfm_cli.commands.not_built import refuse
+from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.errors import TfmError
 
-EPILOG = "Not built yet."
+EPILOG = (
+    "Examples:\n\n"
+    "  cat test.de | tfm translate -m model.safetensors > hyp.en\n\n"
+    "  tfm translate -m model.safetensors -i test.de --beam 5 --length-penalty 1.0 --scores\n\n"
+    "  echo 'Ein Hund rennt.' | tfm translate -m model.safetensors --alignment --align-head mean --json\n\n"
+    "Scores are natural-log probabilities: the sum over the output tokens, EOS included, divided by "
+    "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
+    "`tfm score -m MODEL --src SRC --tgt OUT --normalize length --length-penalty ALPHA`."
+)
 
 
-def translate(args: Optional[List[str]] = typer.Argument(None, hidden=True)) -> None:
-    """Not built yet: prints one line and exits 2."""
-    refuse("translate")
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when available, else cpu; anything else is passed to torch as is."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def parse_head(value: str) -> int | None:
+    """`mean` -> None (average the heads), else the head index."""
+    if value == "mean":
+        return None
+    if not value.isdigit():
+        raise TfmError(f"--align-head must be a head number or 'mean', got {value!r}")
+    return int(value)
+
+
+def count_lines(path: str) -> int | None:
+    """The number of lines of a regular file (for the progress bar), None for stdin."""
+    if path == "-":
+        return None
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def translate(
+    model: str = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside."),
+    input: str = typer.Option("-", "-i", "--input", help="Raw source text, one sentence per line; `-` = stdin."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
+    beam: int = typer.Option(5, "-b", "--beam", help="Beam size (1 = greedy)."),
+    length_penalty: float = typer.Option(0.6, "--length-penalty", "--alpha", help="GNMT length-penalty alpha ((5 + n) / 6) ** alpha; 0 = raw sum of log-probs."),
+    max_len_a: float = typer.Option(1.5, "--max-len-a", help="Output length limit a * src_len + b (subword tokens): a."),
+    max_len_b: int = typer.Option(10, "--max-len-b", help="Output length limit a * src_len + b: b."),
+    nbest: int = typer.Option(1, "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
+    sample: bool = typer.Option(False, "--sample", help="Sample instead of beam search (--nbest samples per line)."),
+    top_k: int = typer.Option(0, "--top-k", help="With --sample: draw only from the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="With --sample: draw only from the nucleus of probability p."),
+    temperature: float = typer.Option(1.0, "--temperature", help="With --sample: softmax temperature."),
+    seed: int = typer.Option(0, "--seed", help="With --sample: random seed (line i uses seed + i)."),
+    scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
+    alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
+    align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
+    align_head: str = typer.Option("mean", "--align-head", help="Attention head that aligns: a number, or 'mean' over heads."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
+    buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
+    max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
+    batch_size: int = typer.Option(128, "--batch-size", help="Sentences per batch."),
+    device: str = typer.Option("auto", "--device", help="Torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
+) -> None:
+    """Translate text: beam search with the GNMT length penalty, one output line per input line.
+
+    Scores are natural-log probabilities summed over the output tokens with EOS counted, divided by
+    ((5 + n) / 6) ** alpha, n = tokens + 1: the same number `tfm score -m --normalize length` prints.
+    """
+    import torch
+
+    from tfm_cli.checkpoint import load_model
+    from tfm_cli.config import DecodeConfig
+    from tfm_cli.textio import DecodeStats, check_input_file, iter_lines, open_output, thread_stdin
+    from tfm_cli.translation import (
+        AlignmentConfig,
+        BatchingConfig,
+        OutputFormat,
+        TranslationStats,
+        Translator,
+        translate_stream,
+    )
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if input != "-":
+        check_input_file(input)
+    decode = DecodeConfig(
+        beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
+        sample=sample, sample_top_k=top_k, sample_top_p=top_p, temperature=temperature, seed=seed,
+    )
+    batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
+    want_alignment = alignment or as_json
+    align = AlignmentConfig(layer=align_layer, head=parse_head(align_head)) if want_alignment else None
+    loaded = load_model(model, device=resolve_device(device))
+    translator = Translator(loaded, decode, batching, align)
+    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=length_penalty)
+
+    decode_stats, stats = DecodeStats(), TranslationStats()
+    # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
+    lines = iter_lines(input, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if input == "-" else None)
+    show_progress = not quiet and (progress or (input != "-" and sys.stderr.isatty()))
+    started = time.perf_counter()
+    with open_output(output) as out:
+        chunks = translate_stream(translator, lines, stats)
+        if not show_progress:
+            write_chunks(out, chunks, output_format)
+        else:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = (TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            with Progress(*columns, console=stderr_console(), transient=True) as bar:
+                task = bar.add_task("translate", total=count_lines(input))
+                for chunk in chunks:
+                    write_chunks(out, [chunk], output_format)
+                    bar.advance(task, len(chunk))
+    elapsed = time.perf_counter() - started
+    if decode_stats.invalid_utf8_lines:
+        print_warning(f"{decode_stats.invalid_utf8_lines} line(s) had invalid UTF-8; bad bytes became U+FFFD")
+    if stats.truncated_lines:
+        print_warning(
+            f"{stats.truncated_lines} line(s) exceeded the model's {loaded.config.max_positions - 1} source tokens "
+            "and were truncated"
+        )
+    rate = stats.lines / elapsed if elapsed > 0 else 0.0
+    print_info(
+        f"translated {stats.lines} lines ({stats.empty_lines} empty) in {elapsed:.1f} s: {rate:.1f} lines/s, "
+        f"{stats.output_tokens / max(elapsed, 1e-9):.0f} target tokens/s",
+        quiet=quiet,
+    )
+
+
+def write_chunks(out, chunks, output_format) -> None:
+    """Write each chunk's lines, then flush, so an interactive pipe gets its answers at once."""
+    from tfm_cli.translation import format_line
+
+    for chunk in chunks:
+        out.write("".join(format_line(line, output_format) + "\n" for line in chunk))
+        out.flush()

@@ -1,0 +1,158 @@
+"""`tfm translate` end to end: batch invariance on real sentences, order, empty lines, formats, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import MULTI30K_DIR, run_cli
+from tfm_cli.alignment import parse_pharaoh
+from tfm_cli.checkpoint import load_model
+from tfm_cli.config import DecodeConfig
+from tfm_cli.search import length_penalty
+from tfm_cli.translation import BatchingConfig, TranslationStats, Translator, read_chunks
+from translate_support import one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return trained_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def test_lines() -> list[str]:
+    return (MULTI30K_DIR / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+
+
+def translate_all(translator: Translator, lines: list[str]) -> list[tuple[str, float]]:
+    stats = TranslationStats()
+    size = translator.batching.buffer_size
+    results = []
+    for start in range(0, len(lines), size):
+        results += translator.translate_chunk(lines[start : start + size], start, stats)
+    return [(r.outputs[0].text, r.outputs[0].raw_score) if r.outputs else ("", 0.0) for r in results]
+
+
+def test_batched_translation_equals_one_at_a_time_on_real_sentences(model_path, test_lines):
+    # 200 Multi30k sentences: all in one chunk (batches of many sentences), in odd batch sizes,
+    # and one sentence per chunk. Translations and their float scores must be identical.
+    loaded = load_model(model_path)
+    lines = test_lines[:200]
+    decode = DecodeConfig(beam_size=4)
+    batched = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=200)), lines)
+    odd = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=67, batch_size=3)), lines)
+    alone = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=1)), lines)
+    assert len({text for text, _ in batched}) > 80, "outputs too uniform for a meaningful test"
+    assert batched == alone
+    assert odd == alone
+
+
+def test_cli_keeps_order_line_count_and_empty_lines(model_path, test_lines):
+    lines = [test_lines[5], "", test_lines[0], "   ", test_lines[17], test_lines[5], ""]
+    result = run_cli(["translate", "-m", model_path, "--beam", "3"], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.stderr
+    outputs = result.stdout.split("\n")[:-1]
+    assert len(outputs) == len(lines)
+    assert outputs[1] == outputs[3] == outputs[6] == ""
+    assert outputs[0] == outputs[5] != ""
+    for line, output in zip(lines, outputs):
+        if line.strip():
+            alone = run_cli(["translate", "-m", model_path, "--beam", "3"], input=line + "\n")
+            assert alone.stdout == output + "\n"
+
+
+def test_blank_input_gives_no_output(model_path):
+    result = run_cli(["translate", "-m", model_path], input="")
+    assert result.exit_code == 0 and result.stdout == ""
+    result = run_cli(["translate", "-m", model_path], input="\n\n")
+    assert result.exit_code == 0 and result.stdout == "\n\n"
+
+
+def test_printed_scores_are_normalised_forced_decoding_log_probs(model_path, test_lines):
+    lines = test_lines[20:26]
+    alpha = 1.0
+    result = run_cli(
+        ["translate", "-m", model_path, "--scores", "--nbest", "2", "--length-penalty", alpha, "--json"],
+        input="\n".join(lines) + "\n",
+    )
+    assert result.exit_code == 0, result.stderr
+    loaded = load_model(model_path)
+    model, config = loaded.model, loaded.config
+    for line, record in zip(lines, map(json.loads, result.stdout.splitlines())):
+        assert record["schema"] == "tfm-translate/1" and record["source"] == line
+        assert len(record["nbest"]) == 2
+        for hyp in record["nbest"]:
+            ids = [loaded.tgt_tokenizer.piece_to_id(piece) for piece in hyp["tokens"]]
+            src = torch.tensor([loaded.src_tokenizer.encode_ids(line) + [config.eos_id]])
+            with torch.no_grad():
+                logits = model(src, torch.tensor([[config.bos_id] + ids]))[0]  # (T, V)
+            log_probs = torch.log_softmax(logits.double(), dim=-1)
+            raw = sum(float(log_probs[t, token]) for t, token in enumerate(ids + [config.eos_id]))
+            assert hyp["raw_score"] == pytest.approx(raw, abs=1e-4)
+            assert hyp["score"] == pytest.approx(raw / length_penalty(len(ids) + 1, alpha), abs=1e-4)
+    plain = run_cli(["translate", "-m", model_path, "--scores", "--length-penalty", alpha], input=lines[0] + "\n")
+    text, score = plain.stdout.rstrip("\n").split("\t")
+    first = json.loads(result.stdout.splitlines()[0])
+    assert text == first["translation"] and float(score) == pytest.approx(first["score"], abs=1e-6)
+
+
+def test_alignment_is_word_level_pharaoh(model_path, test_lines):
+    lines = test_lines[30:34]
+    result = run_cli(
+        ["translate", "-m", model_path, "--alignment", "--align-layer", "0", "--align-head", "1"],
+        input="\n".join(lines) + "\n",
+    )
+    assert result.exit_code == 0, result.stderr
+    for line, output in zip(lines, result.stdout.splitlines()):
+        text, links = output.split("\t")
+        pairs = parse_pharaoh(links)
+        # One link per output word, pointing at a source word (words split on spaces).
+        assert [tgt for _, tgt in pairs] == list(range(len(text.split(" "))))
+        assert all(0 <= src < len(line.split()) for src, _ in pairs)
+    json_result = run_cli(["translate", "-m", model_path, "--json"], input=lines[0] + "\n")
+    record = json.loads(json_result.stdout)
+    assert [lines[0][a:b] for a, b in record["source_words"]] == lines[0].split()
+    assert len(parse_pharaoh(record["alignment"])) == len(record["target_words"])
+    assert [record["translation"][a:b] for a, b in record["target_words"]] == record["translation"].split()
+    bad_head = run_cli(["translate", "-m", model_path, "--alignment", "--align-head", "99"], input="a\n")
+    assert bad_head.exit_code == 1 and "--align-head" in bad_head.stderr
+
+
+def test_invalid_utf8_and_overlong_lines_are_repaired_and_counted(model_path):
+    long_line = " ".join(["Hund"] * 400)  # far beyond the tiny model's 128 positions
+    data = b"Ein Hund \xff\xfe l\xe4uft.\n" + long_line.encode() + b"\nEin Mann.\n"
+    result = run_cli(["translate", "-m", model_path, "--beam", "2"], input=data)
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3
+    assert "1 line(s) had invalid UTF-8" in result.stderr
+    assert "1 line(s) exceeded" in result.stderr and "truncated" in result.stderr
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_clear_error(tmp_path):
+    fake = tmp_path / "model.safetensors"
+    fake.write_bytes(b"\x80\x04\x95 this is a pickle, not safetensors")
+    result = run_cli(["translate", "-m", fake], input="Hallo\n")
+    assert result.exit_code == 1
+    assert "not a safetensors file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_read_chunks_answers_a_pause_before_the_chunk_is_full():
+    import threading
+    import time
+
+    arrived = threading.Event()
+
+    def slow_lines():
+        yield "a"
+        yield "b"
+        arrived.wait(5)  # the rest arrives only after the first chunk was handed out
+        yield "c"
+
+    chunks = read_chunks(slow_lines(), size=100, pause_s=0.05)
+    started = time.perf_counter()
+    assert next(chunks) == ["a", "b"]
+    assert time.perf_counter() - started < 2
+    arrived.set()
+    assert list(chunks) == [["c"]]

@@ -1,0 +1,335 @@
+"""Text in, translations out: streaming chunks, equal-length batches, input order restored, output formats.
+
+A library module: it never prints. `tfm translate` reads lines, hands them to `translate_stream`,
+and writes what `format_line` returns. Batches never hold source padding (sentences are grouped
+by equal source length), which with search.py's fixed minimum row count makes every sentence's
+translation independent of the batch it lands in.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from tfm_cli.alignment import hard_alignment, merge_to_words, pharaoh, word_char_offsets, word_spans
+from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.config import DecodeConfig
+from tfm_cli.errors import TfmError
+from tfm_cli.search import Hypothesis, beam_search, sample_search
+
+# Version of the `--json` line format; bump on any incompatible change (documented in README.md).
+JSON_SCHEMA = "tfm-translate/1"
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How lines are read and grouped: chunk size, batch limits, and when a pause flushes a chunk."""
+
+    buffer_size: int = 2000  # lines read (and held) at a time
+    max_tokens: int = 8000  # source tokens (EOS included) per batch
+    batch_size: int = 128  # sentences per batch
+    pause_s: float = 0.05  # an input pause this long answers the lines read so far
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_size", "max_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    """Which cross-attention becomes the word alignment: a decoder layer and one head or their mean."""
+
+    layer: int = -1  # python-style index into the decoder layers; -1 = the last
+    head: int | None = None  # None = mean over heads
+
+    def check(self, n_layers: int, n_heads: int) -> None:
+        """Raise TfmError if the layer or head does not exist in a model of this size."""
+        if not -n_layers <= self.layer < n_layers:
+            raise TfmError(f"--align-layer {self.layer} does not exist: the decoder has {n_layers} layers")
+        if self.head is not None and not 0 <= self.head < n_heads:
+            raise TfmError(f"--align-head {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1})")
+
+
+@dataclass
+class Output:
+    """One translation of one line, ready to print."""
+
+    text: str
+    ids: list[int]  # output token ids, EOS excluded
+    pieces: list[str]
+    raw_score: float  # sum of token log-probs, EOS included
+    score: float  # raw_score / length_penalty(len(pieces) + 1, alpha)
+    finished: bool  # False if EOS was forced at the length limit
+    alignment: list[tuple[int, int]] | None = None  # word-level (src, tgt) pairs
+    words: list[tuple[int, int]] | None = None  # character offsets [start, end) of each output word
+
+
+@dataclass
+class TranslatedLine:
+    """The answer for one input line: no outputs for an empty line, else n-best, best first."""
+
+    index: int  # 0-based position in the input
+    source: str
+    outputs: list[Output] = field(default_factory=list)
+    truncated: bool = False
+    src_words: list[tuple[int, int]] | None = None  # character offsets of the source words (with alignment)
+
+
+@dataclass
+class TranslationStats:
+    """What happened to the input, for the warnings and the summary on stderr."""
+
+    lines: int = 0
+    empty_lines: int = 0
+    truncated_lines: int = 0
+    src_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What each output line holds."""
+
+    scores: bool = False
+    alignment: bool = False
+    json: bool = False
+    length_penalty: float = 0.6
+
+
+class Translator:
+    """Translates chunks of raw lines with one loaded model (tokenize, batch, search, detokenize)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        decode: DecodeConfig,
+        batching: BatchingConfig,
+        alignment: AlignmentConfig | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.decode = decode
+        self.batching = batching
+        self.alignment = alignment
+        self.device = next(self.model.parameters()).device
+        if alignment is not None:
+            alignment.check(self.model.config.n_dec_layers, self.model.config.n_heads)
+        # Sources are fed as ids + [EOS] and must fit the positional table.
+        self.max_src_ids = self.model.config.max_positions - 1
+
+    def translate_chunk(self, lines: list[str], first_index: int, stats: TranslationStats) -> list[TranslatedLine]:
+        """Translate `lines` (line `first_index` onwards); returns one TranslatedLine per line, in order."""
+        results = [TranslatedLine(index=first_index + i, source=line) for i, line in enumerate(lines)]
+        texts = [line for line in lines if line.strip()]
+        encoded = iter(self.loaded.src_tokenizer.encode_ids_batch(texts)) if texts else iter(())
+        sources: dict[int, list[int]] = {}
+        for i, line in enumerate(lines):
+            stats.lines += 1
+            if not line.strip():
+                stats.empty_lines += 1
+                continue
+            ids = next(encoded)
+            if len(ids) > self.max_src_ids:
+                ids = ids[: self.max_src_ids]
+                results[i].truncated = True
+                stats.truncated_lines += 1
+            if ids:
+                sources[i] = ids
+        for batch in equal_length_batches(sources, self.batching):
+            hypotheses = self.search(batch, [sources[i] for i in batch])
+            for i, hyps in zip(batch, hypotheses):
+                results[i].outputs = [self.render(h) for h in hyps]
+                stats.src_tokens += len(sources[i]) + 1
+                stats.output_tokens += len(hyps[0].tokens) + 1
+            if self.alignment is not None:
+                self.align(batch, sources, results)
+        return results
+
+    def search(self, lines: list[int], sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """Run the configured search on sentences of one source length; returns n-best per sentence."""
+        eos = self.model.config.eos_id
+        src = torch.tensor([ids + [eos] for ids in sources], dtype=torch.long, device=self.device)  # (N, S)
+        if self.decode.sample:
+            # One seed per line: a sentence's samples depend on the seed and its line, not on its batch.
+            return sample_search(self.model, src, self.decode, [self.decode.seed + i for i in lines])
+        return beam_search(self.model, src, self.decode)
+
+    def render(self, hypothesis: Hypothesis) -> Output:
+        """Detokenize one hypothesis and attach its normalised score."""
+        tokenizer = self.loaded.tgt_tokenizer
+        return Output(
+            text=tokenizer.decode_ids(hypothesis.tokens),
+            ids=hypothesis.tokens,
+            pieces=[tokenizer.id_to_piece(t) for t in hypothesis.tokens],
+            raw_score=hypothesis.score,
+            score=hypothesis.normalised_score(self.decode.length_penalty),
+            finished=hypothesis.finished,
+        )
+
+    @torch.inference_mode()
+    def align(self, batch: list[int], sources: dict[int, list[int]], results: list[TranslatedLine]) -> None:
+        """Attach word alignments to every output of `batch` from forced-decoding cross-attention.
+
+        The decoder re-reads each output teacher-forced (the same attention the search saw); the
+        chosen layer/head's piece-level map is merged to words (alignment.py) and argmaxed.
+        """
+        config = self.model.config
+        rows = [(i, output) for i in batch for output in results[i].outputs]
+        src_rows = [sources[i] + [config.eos_id] for i, _ in rows]
+        width = max(len(output.ids) for _, output in rows) + 1
+        tgt_in = torch.full((len(rows), width), config.pad_id, dtype=torch.long)  # (R, T): [BOS] + ids, padded
+        for row, (_, output) in enumerate(rows):
+            tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
+        src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S): one source length
+        decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True)
+        layer, head = self.alignment.layer, self.alignment.head
+        attention = decoded.cross_attention[layer]  # (R, H, T, S)
+        attention = attention.mean(1) if head is None else attention[:, head]
+        attention = attention.float().cpu()  # (R, T, S)
+        src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i]] for i in batch}
+        for row, (i, output) in enumerate(rows):
+            line = results[i]
+            src_spans = word_spans(src_pieces[i])
+            if line.src_words is None:
+                line.src_words = word_char_offsets(line.source)[: len(src_spans)]
+            # Rows: the output pieces (EOS row dropped); columns: the source pieces (EOS column dropped).
+            matrix = attention[row, : len(output.pieces), : len(sources[i])]
+            words = merge_to_words(matrix, word_spans(output.pieces), src_spans)
+            output.alignment = hard_alignment(words)
+            output.words = word_char_offsets(output.text)
+
+
+def equal_length_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
+    """Group line indices by source length (no padding), each group split by --batch-size/--max-tokens.
+
+    Yields lists of line indices, shortest sources first; within a batch, in input order.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, ids in sources.items():
+        by_length.setdefault(len(ids) + 1, []).append(i)
+    for length in sorted(by_length):
+        group = by_length[length]
+        per_batch = max(1, min(batching.batch_size, batching.max_tokens // length))
+        for start in range(0, len(group), per_batch):
+            yield group[start : start + per_batch]
+
+
+END_OF_INPUT = object()
+
+
+def read_chunks(lines: Iterable[str], size: int, pause_s: float) -> Iterator[list[str]]:
+    """Yield lists of at most `size` lines: a chunk ends when full, or when input pauses `pause_s`.
+
+    A reader thread pulls `lines` into a bounded queue, so an interactive pipe gets its answers
+    as soon as it stops typing, and a huge file is never held in memory. Errors raised while
+    reading (in the thread) are re-raised here.
+    """
+    pending: queue.Queue = queue.Queue(maxsize=size)
+
+    def reader() -> None:
+        try:
+            for line in lines:
+                pending.put(line)
+            pending.put(END_OF_INPUT)
+        except BaseException as error:  # handed to the consumer, which raises it in the main thread
+            pending.put(error)
+
+    threading.Thread(target=reader, name="tfm-translate-reader", daemon=True).start()
+    chunk: list[str] = []
+    while True:
+        try:
+            item = pending.get(timeout=pause_s) if chunk else pending.get()
+        except queue.Empty:
+            yield chunk
+            chunk = []
+            continue
+        if item is END_OF_INPUT:
+            break
+        if isinstance(item, BaseException):
+            raise item
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate_stream(
+    translator: Translator,
+    lines: Iterable[str],
+    stats: TranslationStats,
+) -> Iterator[list[TranslatedLine]]:
+    """Translate `lines` chunk by chunk; yields each chunk's TranslatedLines, in input order."""
+    done = 0
+    batching = translator.batching
+    for chunk in read_chunks(lines, batching.buffer_size, batching.pause_s):
+        yield translator.translate_chunk(chunk, done, stats)
+        done += len(chunk)
+
+
+def format_score(value: float) -> str:
+    """A score as printed everywhere (the same precision as `tfm score -m`)."""
+    return f"{value:.6f}"
+
+
+def format_line(line: TranslatedLine, output_format: OutputFormat) -> str:
+    """The text written for one input line (no newline).
+
+    Plain: the translation; with --scores a TAB and the score; with --alignment a TAB and the
+    Pharaoh pairs; with --nbest K the K hypotheses' columns follow each other on the same line.
+    An empty input line gives an empty line. --json: one object per line (see json_record).
+    """
+    if output_format.json:
+        return json.dumps(json_record(line, output_format), ensure_ascii=False)
+    columns = []
+    for output in line.outputs:
+        columns.append(output.text)
+        if output_format.scores:
+            columns.append(format_score(output.score))
+        if output_format.alignment:
+            columns.append(pharaoh(output.alignment or []))
+    return "\t".join(columns)
+
+
+def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
+    """The `--json` object of one line (schema JSON_SCHEMA, documented in README.md)."""
+    alpha = output_format.length_penalty
+    hypotheses = []
+    for output in line.outputs:
+        hypothesis = {
+            "translation": output.text,
+            "score": output.score,
+            "raw_score": output.raw_score,
+            "tokens": output.pieces,
+            "n_scored_tokens": len(output.pieces) + 1,
+            "finished": output.finished,
+        }
+        if output.alignment is not None:
+            hypothesis["alignment"] = pharaoh(output.alignment)
+            hypothesis["target_words"] = [list(span) for span in output.words or []]
+        hypotheses.append(hypothesis)
+    best = hypotheses[0] if hypotheses else None
+    record = {
+        "schema": JSON_SCHEMA,
+        "line": line.index + 1,
+        "source": line.source,
+        "translation": best["translation"] if best else "",
+        "score": best["score"] if best else None,
+        "score_normalisation": f"raw / ((5 + n) / 6) ** {alpha}, n = output tokens including EOS",
+        "raw_score": best["raw_score"] if best else None,
+        "tokens": best["tokens"] if best else [],
+        "truncated": line.truncated,
+    }
+    if line.src_words is not None or output_format.alignment:
+        record["alignment"] = best.get("alignment", "") if best else ""
+        record["source_words"] = [list(span) for span in line.src_words or []]
+        record["target_words"] = best.get("target_words", []) if best else []
+    record["nbest"] = hypotheses
+    return record
