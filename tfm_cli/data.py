@@ -247,11 +247,7 @@ class Batch:
     target_index: torch.Tensor  # (N,) int64 flat positions in (B * T) where tgt_out is not padding
     targets: torch.Tensor  # (N,) int64 = tgt_out.view(-1)[target_index]
     indices: torch.Tensor  # (B,) int64 corpus rows of this batch
-
-    @property
-    def n_src_tokens(self) -> int:
-        """Real source tokens, EOS included."""
-        return int((self.src != PAD_ID).sum())
+    n_src_tokens: int  # real source tokens, EOS included (counted on the host: no device sync to log it)
 
     @property
     def n_tgt_tokens(self) -> int:
@@ -268,7 +264,7 @@ class Batch:
         src, tgt_in, tgt_out, target_index, targets = (
             t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out, self.target_index, self.targets)
         )
-        return Batch(src, tgt_in, tgt_out, target_index, targets, self.indices)
+        return Batch(src, tgt_in, tgt_out, target_index, targets, self.indices, self.n_src_tokens)
 
 
 def pad_rows(tokens: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -289,7 +285,8 @@ def collate(corpus: TokenizedCorpus, indices: torch.Tensor) -> Batch:
     tgt_in = tgt_in.masked_fill(tgt_in == EOS_ID, PAD_ID)
     flat = tgt_out.view(-1)  # (B * T,)
     target_index = (flat != PAD_ID).nonzero().squeeze(1)
-    return Batch(src, tgt_in, tgt_out, target_index, flat[target_index], indices)
+    n_src_tokens = int(corpus.src_offsets[indices + 1].sum() - corpus.src_offsets[indices].sum())
+    return Batch(src, tgt_in, tgt_out, target_index, flat[target_index], indices, n_src_tokens)
 
 
 def count_tokens(corpus: TokenizedCorpus) -> tuple[int, int]:

@@ -768,6 +768,7 @@ class Trainer:
             reason = self.stop_reason(should_stop)
             if self.data.valid is not None and reason not in (None, STOP_INTERRUPTED) and not validated:
                 self.run_validation()
+                validated = True
             if counters.step % config.save_every == 0 or reason is not None:
                 self.save()
                 saved = True
