@@ -249,3 +249,13 @@ def test_an_existing_run_needs_resume_and_resume_needs_a_run(tmp_path, letters):
     assert again.exit_code == 1 and "already holds a training run" in again.stderr
     changed = train(run, settings(letters, max_steps=2) + ["--set", "model.d_model=64"], resume=True)
     assert changed.exit_code == 1 and "model.d_model" in changed.stderr
+
+
+def test_max_epochs_stops_at_the_end_of_an_epoch(tmp_path, letters):
+    result = train(tmp_path / "run", settings(letters, max_epochs=2, valid_every=1000))
+    assert result.exit_code == 0, result.stderr
+    updates_per_epoch = int(result.stderr.split(" updates per epoch")[0].rsplit(" ", 1)[-1])
+    assert f"done (max_epochs) at step {2 * updates_per_epoch} after 2 full epochs" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records].count("valid") == 1  # validation at the end
+    assert all(0.0 <= r["padding"] < 1.0 and r["tgt_tokens_per_s"] > 0 for r in records if r["kind"] == "train")

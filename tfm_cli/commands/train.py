@@ -127,7 +127,7 @@ class TrainDisplay:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
+                BarColumn(bar_width=16), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
                 console=self.console, transient=True,
             )
             self.task = self.progress.add_task("train", total=event.planned_steps, completed=event.step, stats="")
@@ -145,7 +145,12 @@ class TrainDisplay:
             f"{event.tgt_tokens_per_s:,.0f} tgt tok/s | pad {event.padding:.1%}{eta}"
         )
         if self.progress is not None:
-            self.progress.update(self.task, stats=stats)
+            # The bar line is short enough for an 80-column terminal; ppl and gnorm are in metrics.jsonl.
+            short = (
+                f"ep {event.epoch} | loss {event.loss:.3f} | lr {event.lr:.1e} | "
+                f"{event.tgt_tokens_per_s / 1000:.1f}k tok/s | pad {event.padding:.0%}{eta}"
+            )
+            self.progress.update(self.task, stats=short)
         else:
             self.print(f"step {event.step:,} | {stats}")
 
