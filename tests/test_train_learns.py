@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
 import torch
 
 from conftest import REPO_ROOT, run_cli

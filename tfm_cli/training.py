@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
