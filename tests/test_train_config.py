@@ -65,6 +65,7 @@ def test_overrides_parse_toml_values_and_resolve_paths_against_cwd(tmp_path):
         ("[model]\nd_model = 60\nn_heads = 8\n", [], "divisible"),
         ("[extra]\nx = 1\n", [], r"unknown recipe section \[extra\]"),
         ("", ["train.max_steps=0"], "nothing stops training"),
+        ("", ["model.share_embeddings=true", "tokenizer.joint=false"], "needs tokenizer.joint = true"),
         ("", ["data.train_src=${NO_SUCH_VARIABLE_TFM}/a"], "NO_SUCH_VARIABLE_TFM is not set"),
     ],
 )

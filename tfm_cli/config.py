@@ -354,6 +354,8 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     train_settings = config_from_dict(TokenizerTrainConfig, tokenizer_values, "tokenizer")
     tokenizer = TokenizerConfig(**own, train=train_settings)
     model = check_model_section(values.get("model", {}))
+    if model.get("share_embeddings") and not tokenizer.src_model and not tokenizer.joint:
+        raise TfmError("model.share_embeddings = true needs tokenizer.joint = true (one vocabulary for both sides)")
     train = config_from_dict(TrainConfig, values.get("train", {}), "train")
     return Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
 
