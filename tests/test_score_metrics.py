@@ -171,3 +171,20 @@ def test_a_terminal_gets_a_table(corpus):
     assert process.returncode == 0, process.stderr
     text = output.decode("utf-8")
     assert "metric" in text and "signature" in text and "┃" in text and "nrefs:1|case:mixed" in text
+
+
+def test_metric_scoring_does_not_import_torch(corpus):
+    import subprocess
+    import sys
+
+    paths, *_ = corpus
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from tfm_cli.cli import app\n"
+        f"result = CliRunner().invoke(app, ['score', '-r', {str(paths['ref'])!r}, '-i', {str(paths['hyp'])!r}])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "assert 'torch' not in sys.modules, 'tfm score -r imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

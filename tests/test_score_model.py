@@ -133,3 +133,29 @@ def test_target_on_stdin_and_bad_normalize(random_checkpoint, pairs):
     assert bad.exit_code == 1 and "--normalize must be one of" in bad.stderr
     bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--device", "banana"])
     assert bad.exit_code == 1 and "--device banana: not usable here" in bad.stderr
+
+
+def test_interactive_target_lines_are_scored_before_the_input_ends(random_checkpoint, pairs):
+    import select
+    import subprocess
+    import sys
+
+    src_path, _, _, tgt = pairs
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfm_cli", "score", "-m", random_checkpoint, "--src", src_path, "--tgt", "-",
+         "--threads", "1", "-q"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        process.stdin.write((tgt[0] + "\n").encode())
+        process.stdin.flush()
+        # The first score must arrive while stdin is still open (a pause ends the window).
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "no score before the end of input"
+        first = process.stdout.readline()
+        assert float(first) < 0
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+    # The source file has more lines than the one target line: a clear error once input ends.
+    assert process.returncode == 1 and b"line counts differ" in process.stderr.read()

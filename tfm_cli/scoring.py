@@ -2,20 +2,22 @@
 
 Metric numbers come from sacrebleu's Python API unchanged. Model scores follow the one score
 convention of tfm_cli/search.py: the sum of natural-log token log-probs of the target, EOS included.
+torch is imported inside the model-scoring functions, so `tfm score -r` (metrics) starts without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tfm_cli.errors import TfmError
-from tfm_cli.model import Transformer
-from tfm_cli.search import length_penalty
-from tfm_cli.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from tfm_cli.model import Transformer
+    from tfm_cli.tokenizer import Tokenizer
 
 METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter")
 NORMALIZATIONS = ("none", "length", "per-token")
@@ -192,6 +194,8 @@ def torch_device(name: str) -> torch.device:
 
     Raises TfmError, naming the value, for a device string torch rejects or cannot use here.
     """
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -209,6 +213,8 @@ def token_log_probs(model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor
     src: (B, S) int64 (rows end in EOS, padded with pad_id); tgt_out: (B, T) int64, the target ids
     followed by EOS, padded with pad_id. Returns (B, T) float32 natural-log probabilities, 0 at padding.
     """
+    import torch
+
     config = model.config
     bos = torch.full_like(tgt_out[:, :1], config.bos_id)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): [BOS] + ids (padding past EOS is never read)
@@ -219,6 +225,8 @@ def token_log_probs(model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor
 
 def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | str) -> torch.Tensor:
     """Right-pad id lists into one (B, max_len) int64 tensor."""
+    import torch
+
     width = max(len(seq) for seq in sequences)
     batch = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     for row, seq in enumerate(sequences):
@@ -226,7 +234,6 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | st
     return batch.to(device)
 
 
-@torch.inference_mode()
 def score_id_pairs(
     model: Transformer, pairs: list[tuple[list[int], list[int]]], alpha: float
 ) -> list[SentenceScore]:
@@ -234,13 +241,18 @@ def score_id_pairs(
 
     Returns one SentenceScore per pair, in the order given.
     """
+    import torch
+
+    from tfm_cli.search import length_penalty
+
     if not pairs:
         return []
     config = model.config
     device = next(model.parameters()).device
     src = pad_batch([ids + [config.eos_id] for ids, _ in pairs], config.pad_id, device)  # (B, S)
     tgt_out = pad_batch([ids + [config.eos_id] for _, ids in pairs], config.pad_id, device)  # (B, T)
-    log_probs = token_log_probs(model, src, tgt_out).cpu()  # (B, T)
+    with torch.inference_mode():
+        log_probs = token_log_probs(model, src, tgt_out).cpu()  # (B, T)
     scores = []
     for row, (_, tgt_ids) in enumerate(pairs):
         n_tokens = len(tgt_ids) + 1
@@ -267,27 +279,28 @@ def score_text_pairs(
     alpha: float = 0.6,
     batch_size: int = 32,
     window_batches: int = 8,
+    pause_s: float = 0.05,
 ) -> Iterator[SentenceScore]:
     """Score (source, target) text pairs lazily, yielding one SentenceScore per pair in input order.
 
-    Reads `batch_size * window_batches` pairs at a time, sorts that window by length so batches
-    carry little padding, scores it in batches of `batch_size`, and yields the window's results in
-    input order before reading further: memory stays bounded and results stream. `alpha` is the
-    GNMT length-penalty exponent used for SentenceScore.length_normalized.
+    Pairs are read in a thread (translation.read_chunks, as translate does) in windows of at most
+    `batch_size * window_batches`; a window also ends when the input pauses `pause_s` seconds, so
+    an interactive pipe gets its scores at once. Each window is sorted by length so batches carry
+    little padding, scored in batches of `batch_size`, and yielded in input order: memory stays
+    bounded and results stream. `alpha` is the GNMT exponent of SentenceScore.length_normalized.
     """
+    from tfm_cli.translation import read_chunks
+
     if batch_size < 1:
         raise TfmError(f"batch size must be at least 1, got {batch_size}")
-    window: list[tuple[list[int], list[int]]] = []
     line = 0
-    for src_text, tgt_text in pairs:
-        line += 1
-        src_ids, tgt_ids = src_tokenizer.encode_ids(src_text), tgt_tokenizer.encode_ids(tgt_text)
-        check_lengths(src_ids, tgt_ids, model.config.max_positions, line)
-        window.append((src_ids, tgt_ids))
-        if len(window) == batch_size * window_batches:
-            yield from score_window(model, window, alpha, batch_size)
-            window = []
-    if window:
+    for chunk in read_chunks(pairs, batch_size * window_batches, pause_s):
+        window = []
+        for src_text, tgt_text in chunk:
+            line += 1
+            src_ids, tgt_ids = src_tokenizer.encode_ids(src_text), tgt_tokenizer.encode_ids(tgt_text)
+            check_lengths(src_ids, tgt_ids, model.config.max_positions, line)
+            window.append((src_ids, tgt_ids))
         yield from score_window(model, window, alpha, batch_size)
 
 

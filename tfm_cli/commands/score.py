@@ -136,7 +136,7 @@ def score_with_model(
 
     from tfm_cli.checkpoint import load_model
     from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, torch_device, zip_parallel
-    from tfm_cli.textio import iter_lines, open_output
+    from tfm_cli.textio import iter_lines, open_output, thread_stdin
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
@@ -147,8 +147,10 @@ def score_with_model(
     if threads > 0:
         torch.set_num_threads(threads)
     loaded = load_model(model_path, device=torch_device(device))
-    pairs = zip_parallel(iter_lines(src), iter_lines(tgt), "<stdin>" if src == "-" else src,
-                         "<stdin>" if tgt == "-" else tgt)
+    # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.
+    src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)
+    tgt_lines = iter_lines(tgt, stream=thread_stdin() if tgt == "-" else None)
+    pairs = zip_parallel(src_lines, tgt_lines, "<stdin>" if src == "-" else src, "<stdin>" if tgt == "-" else tgt)
     total_log_prob, total_tokens, count = 0.0, 0, 0
     with open_output(output) as out:
         scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size)
