@@ -262,3 +262,14 @@ def test_bad_options_are_one_line_errors(random_checkpoint, args, message):
 def test_model_is_required_without_the_seed_example():
     result = run_cli(["inspect-attention", SOURCE])
     assert result.exit_code == 1 and "-m/--model is required" in result.stderr
+
+
+def test_pharaoh_equals_translate_alignment_for_the_same_output(random_checkpoint, tmp_path):
+    sources = tmp_path / "src"
+    sources.write_text(f"{SOURCE}\nEin Hund rennt .\n", encoding="utf-8")
+    translated = run_cli(["translate", "-m", random_checkpoint, "-i", sources, "--beam", "1", "--alignment"])
+    assert translated.exit_code == 0, translated.stderr
+    inspected = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--beam", "1", "--words",
+                         "--format", "pharaoh", "-q"])
+    assert inspected.exit_code == 0, inspected.stderr
+    assert [line.split("\t")[1] for line in translated.stdout.splitlines()] == inspected.stdout.splitlines()
