@@ -224,3 +224,12 @@ def test_separate_target_tokenizer_is_kept(saved, tmp_path, tokenizer, multi30k_
     path.write_bytes(encode_checkpoint(checkpoint))
     loaded = load_model(path)
     assert loaded.tgt_tokenizer.vocab_size == 300 and loaded.src_tokenizer.vocab_size == tokenizer.vocab_size
+
+
+def test_checkpoint_gets_normal_file_permissions(saved):
+    import os
+
+    path, _ = saved
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -108,16 +108,29 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+def temp_file_beside(target: Path) -> tuple[int, str]:
+    """Create a hidden temp file in `target`'s folder: returns (fd, name), raising TfmError if no folder.
+
+    mkstemp creates files as 0600; the final file should get the usual permissions (0666 minus
+    the umask), as if it had been opened directly.
+    """
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise TfmError(f"{directory}: output folder does not exist")
+    fd, name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, name
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
 
     A crash at any moment leaves either the old file or the new one, never a partial file.
     """
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise TfmError(f"{directory}: output folder does not exist")
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = temp_file_beside(path)
     try:
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(data)
@@ -128,7 +141,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_directory(directory)
+    fsync_directory(path.parent if str(path.parent) else Path("."))
 
 
 @contextlib.contextmanager
@@ -142,12 +155,9 @@ def open_output(path: str) -> Iterator[IO[str]]:
         sys.stdout.flush()
         return
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
         raise TfmError(f"{target}: is a directory, expected an output file path")
-    if not directory.is_dir():
-        raise TfmError(f"{directory}: output folder does not exist")
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp_name = temp_file_beside(target)
     try:
         with io.open(fd, "w", encoding="utf-8", newline="\n") as stream:
             yield stream
