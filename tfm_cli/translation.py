@@ -1,8 +1,8 @@
 """Text in, translations out: streaming chunks, equal-length batches, input order restored, output formats.
 
 A library module: it never prints. `tfm translate` reads lines, hands them to `translate_stream`,
-and writes what `format_line` returns. Batches never hold source padding (sentences are grouped
-by equal source length), which with search.py's fixed minimum row count makes every sentence's
+and writes what `format_line` returns. A source's padded width depends on its own length only
+(LENGTH_BUCKET), which with search.py's fixed minimum row count makes every sentence's
 translation independent of the batch it lands in.
 """
 
@@ -24,6 +24,9 @@ from tfm_cli.search import Hypothesis, beam_search, sample_search
 
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
+# A source is always padded to the next multiple of this many tokens, alone or in a batch, so its
+# arithmetic (softmax and sums over padded keys) never depends on the other sentences' lengths.
+LENGTH_BUCKET = 8
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class Translator:
                 stats.truncated_lines += 1
             if ids:
                 sources[i] = ids
-        for batch in equal_length_batches(sources, self.batching):
+        for batch in bucketed_batches(sources, self.batching):
             hypotheses = self.search(batch, [sources[i] for i in batch])
             for i, hyps in zip(batch, hypotheses):
                 results[i].outputs = [self.render(h) for h in hyps]
@@ -152,9 +155,11 @@ class Translator:
         return results
 
     def search(self, lines: list[int], sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """Run the configured search on sentences of one source length; returns n-best per sentence."""
-        eos = self.model.config.eos_id
-        src = torch.tensor([ids + [eos] for ids in sources], dtype=torch.long, device=self.device)  # (N, S)
+        """Run the configured search on sentences of one padded width; returns n-best per sentence."""
+        config = self.model.config
+        width = min(padded_length(len(sources[0]) + 1), config.max_positions)
+        rows = [ids + [config.eos_id] + [config.pad_id] * (width - len(ids) - 1) for ids in sources]
+        src = torch.tensor(rows, dtype=torch.long, device=self.device)  # (N, S): one padded width
         if self.decode.sample:
             # One seed per line: a sentence's samples depend on the seed and its line, not on its batch.
             return sample_search(self.model, src, self.decode, [self.decode.seed + i for i in lines])
@@ -181,12 +186,13 @@ class Translator:
         """
         config = self.model.config
         rows = [(i, output) for i in batch for output in results[i].outputs]
-        src_rows = [sources[i] + [config.eos_id] for i, _ in rows]
+        src_width = max(len(sources[i]) for i, _ in rows) + 1
+        src_rows = [sources[i] + [config.eos_id] + [config.pad_id] * (src_width - len(sources[i]) - 1) for i, _ in rows]
         width = max(len(output.ids) for _, output in rows) + 1
         tgt_in = torch.full((len(rows), width), config.pad_id, dtype=torch.long)  # (R, T): [BOS] + ids, padded
         for row, (_, output) in enumerate(rows):
             tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
-        src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S): one source length
+        src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
         decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True)
         layer, head = self.alignment.layer, self.alignment.head
         attention = decoded.cross_attention[layer]  # (R, H, T, S)
@@ -205,17 +211,22 @@ class Translator:
             output.words = word_char_offsets(output.text)
 
 
-def equal_length_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
-    """Group line indices by source length (no padding), each group split by --batch-size/--max-tokens.
+def padded_length(n_tokens: int) -> int:
+    """The width a source of `n_tokens` (EOS included) is padded to: the next multiple of LENGTH_BUCKET."""
+    return -(-n_tokens // LENGTH_BUCKET) * LENGTH_BUCKET
 
-    Yields lists of line indices, shortest sources first; within a batch, in input order.
+
+def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
+    """Group line indices by padded source width, each group split by --batch-size/--max-tokens.
+
+    Yields lists of line indices, narrowest first; within a batch, shortest source first.
     """
-    by_length: dict[int, list[int]] = {}
-    for i, ids in sources.items():
-        by_length.setdefault(len(ids) + 1, []).append(i)
-    for length in sorted(by_length):
-        group = by_length[length]
-        per_batch = max(1, min(batching.batch_size, batching.max_tokens // length))
+    by_width: dict[int, list[int]] = {}
+    for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):
+        by_width.setdefault(padded_length(len(ids) + 1), []).append(i)
+    for width in sorted(by_width):
+        group = by_width[width]
+        per_batch = max(1, min(batching.batch_size, batching.max_tokens // width))
         for start in range(0, len(group), per_batch):
             yield group[start : start + per_batch]
 
