@@ -222,6 +222,9 @@ class TrainConfig:
     log_every: int = 100
     # fp32 everywhere; bf16 or fp16 autocast on CUDA (fp16 with a gradient scaler).
     precision: str = "fp32"
+    # Multi-process runs (torchrun): seconds a collective may wait for the other ranks before the run
+    # fails; it must exceed rank 0's validation time, during which the other ranks wait.
+    dist_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         positive = ["max_tokens", "update_freq", "valid_every", "save_every", "log_every", "valid_beam_size"]
@@ -240,6 +243,8 @@ class TrainConfig:
                 raise TfmError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.adam_eps <= 0:
             raise TfmError(f"train.adam_eps must be > 0, got {self.adam_eps}")
+        if self.dist_timeout <= 0:
+            raise TfmError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.best_metric not in ("bleu", "loss"):
             raise TfmError(f"train.best_metric must be 'bleu' or 'loss', got {self.best_metric!r}")
         if self.precision not in ("fp32", "bf16", "fp16"):

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save
 from tfm_cli import __version__
 from tfm_cli.checkpoint import Checkpoint, encode_checkpoint, model_weights
 from tfm_cli.config import DecodeConfig, ModelConfig, Recipe, TrainConfig, config_to_dict
+from tfm_cli import distributed
 from tfm_cli.data import (
     Batch,
     FilterStats,
@@ -35,6 +36,7 @@ from tfm_cli.data import (
     load_or_tokenize,
     read_parallel,
 )
+from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.search import beam_search, greedy_search
@@ -48,6 +50,7 @@ CACHE_DIR = "cache"
 STATE_FORMAT = "tfm-train-state"
 STATE_VERSION = 1
 STOP_INTERRUPTED = "interrupted"
+STOP_REASONS = ("max_steps", "max_epochs", "max_minutes", "patience", STOP_INTERRUPTED)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,9 +90,28 @@ def batch_loss(model: Transformer, batch: Batch, epsilon: float) -> tuple[torch.
     The output projection and softmax, the costliest part with a large vocabulary, run only on the
     rows of real target tokens (padding rows are dropped before projecting).
     """
-    hidden = model.decode(batch.tgt_in, model.encode(batch.src)).hidden  # (B, T, D)
-    rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch.target_index)  # (N, D)
-    return label_smoothed_loss(model.project(rows), batch.targets, epsilon)
+    return LossModule(model, epsilon)(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+
+
+class LossModule(torch.nn.Module):
+    """The model and its training loss as one module, so DistributedDataParallel sees the whole step.
+
+    DDP syncs gradients only for computations that go through the wrapped module's forward; the
+    Transformer's own forward returns logits of every position, while training projects real rows only.
+    """
+
+    def __init__(self, model: Transformer, epsilon: float) -> None:
+        super().__init__()
+        self.model = model
+        self.epsilon = epsilon
+
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, target_index: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(smoothed loss sum, nll sum) of a batch: src (B, S), tgt_in (B, T), target_index and targets (N,)."""
+        hidden = self.model.decode(tgt_in, self.model.encode(src)).hidden  # (B, T, D)
+        rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)  # (N, D)
+        return label_smoothed_loss(self.model.project(rows), targets, self.epsilon)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,32 +145,47 @@ def autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
 
 
 def train_step(
-    model: Transformer,
+    loss_module: Transformer | torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
     batches: list[Batch],
     settings: StepSettings,
+    world: World = World(),
 ) -> StepStats:
     """One optimizer update over `batches` (update_freq accumulation): gradients of the mean token loss.
 
-    The loss of every batch is divided by the target tokens of the whole update, so accumulating k
-    batches equals one batch k times larger. Returns the update's loss sums and the gradient norm.
+    `loss_module` is a LossModule, one wrapped in DistributedDataParallel when world.distributed, or a
+    bare Transformer (wrapped here in a LossModule with settings.label_smoothing).
+    The loss of every batch is divided by the target tokens of the whole update on all ranks, so
+    accumulating k batches, or k ranks, equals one batch k times larger. Returns this rank's loss sums
+    and the gradient norm.
     """
-    n_tokens = sum(batch.n_tgt_tokens for batch in batches)
-    loss_total = torch.zeros((), device=batches[0].src.device)
-    nll_total = torch.zeros((), device=batches[0].src.device)
-    for batch in batches:
-        with autocast(settings):
-            loss, nll = batch_loss(model, batch, settings.label_smoothing)
-        scaled = loss / n_tokens
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    if isinstance(loss_module, Transformer):
+        loss_module = LossModule(loss_module, settings.label_smoothing)
+    device = batches[0].src.device
+    local_tokens = torch.tensor([sum(batch.n_tgt_tokens for batch in batches)], device=device)
+    n_tokens = int(distributed.all_reduce_sum(local_tokens, world).item()) if world.distributed else int(local_tokens)
+    loss_total = torch.zeros((), device=device)
+    nll_total = torch.zeros((), device=device)
+    for index, batch in enumerate(batches):
+        # Gradients are all-reduced once per update, after the last micro-batch (DDP no_sync before it).
+        last = index == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not world.distributed else loss_module.no_sync()
+        with sync:
+            with autocast(settings):
+                loss, nll = loss_module(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+            scaled = loss / n_tokens
+            if world.distributed:
+                # DDP averages gradients over ranks; times world_size makes it the sum over all tokens / n_tokens.
+                scaled = scaled * world.world_size
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_total += loss.detach()
         nll_total += nll.detach()
     if scaler is not None:
         scaler.unscale_(optimizer)
     grad_norm = None
     if settings.clip_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), settings.clip_norm)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
@@ -338,6 +375,7 @@ class Counters:
     best_value: float | None = None
     best_step: int = 0
     bad_validations: int = 0  # validations in a row without improvement
+    world_size: int = 1  # ranks that trained the run; resume needs the same number (same effective batch)
 
 
 @dataclass(frozen=True)
@@ -357,8 +395,10 @@ class TrainResult:
 # Training state: safetensors tensors + JSON, never pickle
 
 
-def state_tensors(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Model weights, Adam moments and RNG states as named CPU tensors."""
+def state_tensors(
+    model: Transformer, optimizer: torch.optim.Optimizer, rank_rng: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Model weights, Adam moments and RNG states as named CPU tensors (plus every rank's RNG, if given)."""
     tensors = {f"model.{name}": tensor for name, tensor in model_weights(model).items()}
     names = [name for name, _ in model.named_parameters()]
     for index, state in optimizer.state_dict()["state"].items():
@@ -368,11 +408,16 @@ def state_tensors(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for index, rng in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{index}"] = rng
+    tensors.update(rank_rng or {})
     return tensors
 
 
 def encode_state(
-    model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, counters: Counters
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    counters: Counters,
+    rank_rng: dict[str, torch.Tensor] | None = None,
 ) -> bytes:
     """The whole training state as safetensors bytes (tensors + JSON metadata)."""
     metadata = {
@@ -381,7 +426,7 @@ def encode_state(
         "counters": json.dumps(asdict(counters)),
         "scaler": json.dumps(scaler.state_dict() if scaler is not None else None),
     }
-    return save(state_tensors(model, optimizer), metadata=metadata)
+    return save(state_tensors(model, optimizer, rank_rng), metadata=metadata)
 
 
 def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -398,11 +443,42 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, metadata
 
 
+def gather_rank_rng(world: World, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every rank's RNG states, named rng.cpu.rankR (and rng.cuda.rankR on CUDA); empty for one process.
+
+    A collective: every rank must call it. Ranks draw different dropout masks, so each has its own state.
+    """
+    if not world.distributed:
+        return {}
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    named = {}
+    for kind, state in states.items():
+        for rank, gathered in enumerate(distributed.all_gather(state, world, device)):
+            named[f"rng.{kind}.rank{rank}"] = gathered
+    return named
+
+
 def restore_state(
-    path: Path, model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+    path: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    world: World = World(),
 ) -> Counters:
-    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects."""
+    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects.
+
+    Raises TfmError if the run was trained by a different number of ranks than `world` has.
+    """
     tensors, metadata = read_state(path)
+    counters = Counters(**json.loads(metadata["counters"]))
+    if counters.world_size != world.world_size:
+        raise TfmError(
+            f"{path}: the run was trained with {counters.world_size} process(es) but this resume has "
+            f"{world.world_size}; resume with `torchrun --nproc-per-node ...` giving {counters.world_size} processes "
+            "in all (the effective batch and data order depend on it)"
+        )
     names = [name for name, _ in model.named_parameters()]
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -422,10 +498,15 @@ def restore_state(
     cuda_states = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states)
+    if world.distributed:
+        torch.set_rng_state(tensors[f"rng.cpu.rank{world.rank}"])
+        cuda_state = tensors.get(f"rng.cuda.rank{world.rank}")
+        if cuda_state is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda_state, torch.cuda.current_device())
     scaler_state = json.loads(metadata.get("scaler", "null"))
     if scaler is not None and scaler_state:
         scaler.load_state_dict(scaler_state)
-    return Counters(**json.loads(metadata["counters"]))
+    return counters
 
 
 # ----------------------------------------------------------------------------------------------
@@ -576,14 +657,24 @@ class Trainer:
         data: PreparedData,
         device: torch.device,
         on_event: Callable[[Event], None],
+        world: World = World(),
     ) -> None:
         config = recipe.train
         self.recipe, self.config, self.run_dir, self.data, self.device = recipe, config, run_dir, data, device
         self.on_event = on_event
+        self.world = world
         self.model_config = recipe.model_config(data.src_tokenizer.vocab_size, data.tgt_tokenizer.vocab_size)
         # The model's initial weights come from the run's seed, so a run is reproducible end to end.
         torch.manual_seed(config.seed)
         self.model = Transformer(self.model_config).to(device).train()
+        self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing)
+        if world.distributed:
+            # Every rank built the same initial weights from the seed; dropout must differ between ranks.
+            torch.manual_seed(config.seed * 1000 + world.rank)
+            self.loss_module = torch.nn.parallel.DistributedDataParallel(
+                self.loss_module, device_ids=[device] if device.type == "cuda" else None,
+                forward_sync_buffers=False,  # the only buffers are fixed sinusoids
+            )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=0.0, betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay,
@@ -592,7 +683,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
         dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
         self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type)
-        self.counters = Counters()
+        self.counters = Counters(world_size=world.world_size)
         self.last_valid: ValidResult | None = None
         self.metrics_path = run_dir / METRICS_FILE
         self.epoch_cache: tuple[int, list[torch.Tensor]] | None = None
@@ -600,30 +691,40 @@ class Trainer:
     # -- data order ------------------------------------------------------------------------------
 
     def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
-        """The batches (index tensors) of epoch `epoch`, in training order; a function of (seed, epoch) only."""
+        """The batches (index tensors) of epoch `epoch`, in training order; a function of (seed, epoch) only.
+
+        The same list on every rank. With W ranks it is cut to a multiple of W (dropping fewer than W
+        batches, which the next epoch's shuffle puts elsewhere) so that every rank does the same updates.
+        """
         if self.epoch_cache is None or self.epoch_cache[0] != epoch:
             corpus = self.data.train
             batches = batch_indices(
                 corpus.src_lengths, corpus.tgt_lengths, self.config.max_tokens, epoch_generator(self.config.seed, epoch)
             )
-            self.epoch_cache = (epoch, batches)
+            world_size = self.world.world_size
+            self.epoch_cache = (epoch, batches[: max(len(batches) // world_size, 1) * world_size])
         return self.epoch_cache[1]
 
     def next_update(self) -> Iterator[list[Batch]]:
-        """Yield the batches of each update forever, advancing counters.epoch/batch_in_epoch as it goes."""
+        """Yield this rank's batches of each update forever, advancing counters.epoch/batch_in_epoch as it goes.
+
+        An update takes the next update_freq * W batches of the epoch; rank r trains on every W-th of
+        them from the r-th (disjoint shares; with W = 1, all of them). batch_in_epoch counts all ranks'.
+        """
+        world = self.world
         while True:
             batches = self.epoch_batches(self.counters.epoch)
             start = self.counters.batch_in_epoch
-            group = batches[start : start + self.config.update_freq]
+            group = batches[start : start + self.config.update_freq * world.world_size]
             self.counters.batch_in_epoch += len(group)
             if self.counters.batch_in_epoch >= len(batches):
                 self.counters.epoch += 1
                 self.counters.batch_in_epoch = 0
-            yield [collate(self.data.train, indices).to(self.device) for indices in group]
+            yield [collate(self.data.train, indices).to(self.device) for indices in group[world.rank :: world.world_size]]
 
     def updates_per_epoch(self) -> int:
         """Optimizer updates in one epoch (batch counts vary by a few between epochs; epoch 0's is used)."""
-        return math.ceil(len(self.epoch_batches(0)) / self.config.update_freq)
+        return math.ceil(len(self.epoch_batches(0)) / (self.config.update_freq * self.world.world_size))
 
     def planned_steps(self) -> int | None:
         """The step at which max_steps or max_epochs ends training (the smaller), or None if neither is set."""
@@ -662,17 +763,26 @@ class Trainer:
         return encode_checkpoint(checkpoint)
 
     def save(self) -> None:
-        """Write checkpoint_STEP, checkpoint_last and then the training state, each atomically.
+        """Write checkpoint_STEP, checkpoint_last and then the training state, each atomically (rank 0 only).
 
         The state is written last and holds its own copy of the weights, so a kill at any moment
         leaves a state that resumes exactly (losing at most the updates since the previous save).
+        Every rank must call it: the ranks' RNG states are gathered first, and no rank goes on before
+        the files are written. Weights come from the unwrapped Transformer (no DDP `module.` prefix).
         """
+        rank_rng = gather_rank_rng(self.world, self.device)
+        if self.world.is_main:
+            self.write_checkpoints(rank_rng)
+        distributed.barrier(self.world)
+
+    def write_checkpoints(self, rank_rng: dict[str, torch.Tensor]) -> None:
+        """save()'s files, written by rank 0."""
         data = self.checkpoint_bytes()
         step_path = self.run_dir / f"checkpoint_{self.counters.step:08d}.safetensors"
         last_path = self.run_dir / "checkpoint_last.safetensors"
         atomic_write_bytes(step_path, data)
         atomic_write_bytes(last_path, data)
-        atomic_write_bytes(self.run_dir / STATE_FILE, encode_state(self.model, self.optimizer, self.scaler, self.counters))
+        atomic_write_bytes(self.run_dir / STATE_FILE, encode_state(self.model, self.optimizer, self.scaler, self.counters, rank_rng))
         if self.config.keep_last:
             for old in step_checkpoints(self.run_dir)[: -self.config.keep_last]:
                 old.unlink(missing_ok=True)
@@ -688,6 +798,15 @@ class Trainer:
         atomic_write_bytes(self.run_dir / CONFIG_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
 
     # -- validation ------------------------------------------------------------------------------
+
+    def validate_on_main(self) -> None:
+        """Rank 0 validates (the whole validation set, as a single process would); the other ranks wait.
+
+        Only rank 0's counters track the best value; stop decisions are rank 0's (see agreed_stop_reason).
+        """
+        if self.world.is_main:
+            self.run_validation()
+        distributed.barrier(self.world)
 
     def run_validation(self) -> None:
         """Validate, track the best value (writing checkpoint_best), count validations without improvement."""
@@ -731,6 +850,18 @@ class Trainer:
             return "patience"
         return None
 
+    def agreed_stop_reason(self, should_stop: Callable[[], bool]) -> str | None:
+        """stop_reason as rank 0 sees it, or interrupted if any rank was asked to stop; the same on all ranks."""
+        reason = self.stop_reason(should_stop)
+        if not self.world.distributed:
+            return reason
+        code = STOP_REASONS.index(reason) + 1 if reason is not None and self.world.is_main else 0
+        votes = torch.tensor([code, int(reason == STOP_INTERRUPTED)], device=self.device)
+        code, interrupted = distributed.all_reduce_max(votes, self.world).tolist()
+        if interrupted:
+            return STOP_INTERRUPTED
+        return STOP_REASONS[code - 1] if code else None
+
     def eta(self, seconds_per_step: float) -> float | None:
         """Seconds until the nearest step, epoch or time limit, at the current speed."""
         estimates = []
@@ -747,16 +878,17 @@ class Trainer:
         """Train until a limit or `should_stop()`; validate, log and save on schedule and at the end."""
         config, counters = self.config, self.counters
         d_model = self.model_config.d_model
-        reason = self.stop_reason(should_stop)
+        reason = self.agreed_stop_reason(should_stop)
         updates = self.next_update()
         window = LogWindow()
         clock = time.monotonic()
         while reason is None:
+            distributed.check_fault_hook(self.world, counters.step + 1)
             batches = next(updates)
             lr = learning_rate(counters.step + 1, d_model, config.warmup_steps, config.lr)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            stats = train_step(self.model, self.optimizer, self.scaler, batches, self.settings)
+            stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
             counters.step += 1
             window.add(stats, batches)
             now = time.monotonic()
@@ -767,11 +899,11 @@ class Trainer:
                 window = LogWindow()
             validated = saved = False
             if self.data.valid is not None and counters.step % config.valid_every == 0:
-                self.run_validation()
+                self.validate_on_main()
                 validated = True
-            reason = self.stop_reason(should_stop)
+            reason = self.agreed_stop_reason(should_stop)
             if self.data.valid is not None and reason not in (None, STOP_INTERRUPTED) and not validated:
-                self.run_validation()
+                self.validate_on_main()
                 validated = True
             if counters.step % config.save_every == 0 or reason is not None:
                 self.save()
@@ -789,7 +921,13 @@ class Trainer:
         )
 
     def log(self, window: LogWindow, lr: float) -> None:
-        """Emit (and append to metrics.jsonl) the figures of the last log interval."""
+        """Emit (and append to metrics.jsonl) the figures of the last log interval, summed over all ranks.
+
+        Every rank must call it (the sums are all-reduced); only rank 0 writes and emits.
+        """
+        window.reduce(self.world, self.device)
+        if not self.world.is_main:
+            return
         figures = window.figures()
         seconds_per_step = figures["seconds"] / max(window.steps, 1)
         event = LogEvent(
@@ -828,6 +966,18 @@ class LogWindow:
             self.src_tokens += batch.n_src_tokens
             self.padded += batch.n_padded_tokens
 
+    def reduce(self, world: World, device: torch.device) -> None:
+        """Sum the losses and token counts over all ranks (tokens/s becomes the whole run's throughput)."""
+        if not world.distributed:
+            return
+        sums = torch.tensor(
+            [float(self.loss_sum), float(self.nll_sum), self.tgt_tokens, self.src_tokens, self.padded],
+            dtype=torch.float64, device=device,
+        )
+        loss_sum, nll_sum, tgt_tokens, src_tokens, padded = distributed.all_reduce_sum(sums, world).tolist()
+        self.loss_sum, self.nll_sum = loss_sum, nll_sum
+        self.tgt_tokens, self.src_tokens, self.padded = int(tgt_tokens), int(src_tokens), int(padded)
+
     def exclude(self, seconds: float) -> None:
         """Do not count `seconds` (validation, saving) as training time."""
         self.excluded += seconds
@@ -855,16 +1005,36 @@ def run_training(
     device: str | torch.device = "cpu",
     on_event: Callable[[Event], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    world: World = World(),
 ) -> TrainResult:
     """Train `recipe` in `run_dir` (created if needed), or continue it with `resume`.
 
     Reads and checks the data first, trains or loads the tokenizers, caches the tokenized data in
     run_dir/cache, then trains until a limit or `should_stop()`. Returns how it ended.
+    With a distributed `world` (torchrun), this process joins the process group (gloo on CPU, NCCL on
+    cuda:LOCAL_RANK) and trains with DistributedDataParallel; only rank 0 prepares the run directory
+    first, emits events and writes files. run_dir must be on storage all nodes share.
     """
-    on_event = on_event or (lambda event: None)
+    device = distributed.rank_device(world, torch.device(device))
+    distributed.init_process_group(world, device, recipe.train.dist_timeout)
+    try:
+        return train_in_world(recipe, Path(run_dir), resume, device, on_event, should_stop, world)
+    finally:
+        distributed.destroy_process_group(world)
+
+
+def train_in_world(
+    recipe: Recipe,
+    run_dir: Path,
+    resume: bool,
+    device: torch.device,
+    on_event: Callable[[Event], None] | None,
+    should_stop: Callable[[], bool] | None,
+    world: World,
+) -> TrainResult:
+    """run_training once the process group (if any) is up."""
+    on_event = (on_event if world.is_main else None) or (lambda event: None)
     should_stop = should_stop or (lambda: False)
-    run_dir = Path(run_dir)
-    device = torch.device(device)
     config = recipe.train
     if config.precision != "fp32" and device.type != "cuda":
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
@@ -882,14 +1052,22 @@ def run_training(
     max_positions = recipe.model.get("max_positions", ModelConfig.max_positions)
     if max_positions < recipe.data.max_length:
         raise TfmError(f"model.max_positions ({max_positions}) must be at least data.max_length ({recipe.data.max_length})")
+    if not world.is_main:
+        # Rank 0 checks the run, trains the tokenizers and fills the cache; the others then read them.
+        distributed.barrier(world)
     check_run_dir(recipe, run_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(recipe, run_dir, resume, on_event)
-    trainer = Trainer(recipe, run_dir, data, device, on_event)
+    data = prepare_data(recipe, run_dir, resume or not world.is_main, on_event)
+    if world.is_main:
+        distributed.barrier(world)
+    trainer = Trainer(recipe, run_dir, data, device, on_event, world)
     if resume:
-        trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler)
-        truncate_metrics(trainer.metrics_path, trainer.counters.step)
-    trainer.write_config()
+        trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler, world)
+        if world.is_main:
+            truncate_metrics(trainer.metrics_path, trainer.counters.step)
+    if world.is_main:
+        trainer.write_config()
+    distributed.barrier(world)
     on_event(StartEvent(
         step=trainer.counters.step, epoch=trainer.counters.epoch, resumed=resume,
         planned_steps=trainer.planned_steps(), updates_per_epoch=trainer.updates_per_epoch(),

@@ -186,7 +186,11 @@ def train(
     recipe: Optional[str] = typer.Argument(
         None, help="A TOML recipe ([data], [tokenizer], [model], [train]); optional with --resume."
     ),
-    run: str = typer.Option(..., "--run", help="Run directory: checkpoints, metrics.jsonl, config.json, caches."),
+    run: str = typer.Option(
+        ..., "--run", "--run-dir",
+        help="Run directory: checkpoints, metrics.jsonl, config.json, caches. (Under torchrun write --run-dir: "
+        "torchrun's own parser takes --run for its --run-path.)",
+    ),
     overrides: List[str] = typer.Option(
         [], "--set", help="Override a recipe setting: section.key=value (TOML value), e.g. train.max_tokens=2048."
     ),
@@ -199,6 +203,7 @@ def train(
     import torch
 
     from tfm_cli.config import load_recipe
+    from tfm_cli.distributed import world_from_env
     from tfm_cli.training import run_training, saved_recipe
 
     if threads < 0:
@@ -211,12 +216,15 @@ def train(
     if resume and recipe is None and saved is None:
         raise TfmError(f"{run_dir}: no run to resume here (no config.json); give a recipe to start one")
     resolved = load_recipe(Path(recipe) if recipe is not None else None, overrides, saved=saved)
+    world = world_from_env()
+    # Under torchrun only rank 0 talks to the user; the other ranks report errors only.
+    quiet = quiet or not world.is_main
     stop = StopRequest(quiet)
     display = TrainDisplay(quiet, run_dir)
     stop.install()
     try:
         result = run_training(resolved, run_dir, resume=resume, device=resolve_device(device),
-                              on_event=display, should_stop=stop)
+                              on_event=display, should_stop=stop, world=world)
     finally:
         display.close()
         stop.restore()

@@ -1,0 +1,116 @@
+"""`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, a failing rank.
+
+Three torchrun launches in all (each a few seconds of torch imports): a straight 2-process run, and a
+2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO_ROOT, run_cli
+from test_train_cli import write_pairs
+from tfm_cli.distributed import FAIL_AT_ENV
+from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+
+TINY = REPO_ROOT / "recipes" / "tiny.toml"
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    """200 letter-reversal training pairs, 20 validation pairs and a 20-piece sentencepiece model."""
+    folder = tmp_path_factory.mktemp("letters_ddp")
+    train_src, train_tgt = write_pairs(folder, "train", 200, seed=1)
+    valid_src, valid_tgt = write_pairs(folder, "valid", 20, seed=2)
+    spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
+    return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}
+
+
+def options(data: dict[str, Path], **train: object) -> list[str]:
+    """--set options for the tiny recipe; dropout off, so a 2-process run can equal a 1-process one."""
+    values = {
+        "data.train_src": data["train_src"], "data.train_tgt": data["train_tgt"],
+        "data.valid_src": data["valid_src"], "data.valid_tgt": data["valid_tgt"],
+        "tokenizer.src_model": data["spm"], "model.dropout": 0.0, "model.attention_dropout": 0.0,
+        "train.max_tokens": 256, "train.warmup_steps": 5, "train.log_every": 1, "train.valid_every": 1000,
+        "train.valid_bleu": "false", "train.best_metric": "loss", "train.save_every": 1000,
+        "train.max_steps": STEPS, "train.dist_timeout": 30,
+    }
+    values.update({f"train.{key}": value for key, value in train.items()})
+    return [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+
+
+def torchrun(run: Path, settings: list[str], resume: bool = False, env: dict[str, str] | None = None):
+    """`python -m torch.distributed.run --standalone --nproc-per-node 2 -m tfm_cli train ...` (--run-dir: see train)."""
+    args = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "tfm_cli", "train", str(TINY), "--run-dir", str(run), "--threads", "1", *settings,
+        *(["--resume"] if resume else []),
+    ]
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a checkpoint (the embedded tokenizer bytes left out)."""
+    return {k: v for k, v in load_file(str(path)).items() if not k.startswith("tokenizer.")}
+
+
+@pytest.fixture(scope="module")
+def two_process_run(data, tmp_path_factory) -> Path:
+    """A straight 2-process run of STEPS updates, update_freq 1 per rank (2 batches per update in all)."""
+    run = tmp_path_factory.mktemp("ddp") / "straight"
+    result = torchrun(run, options(data))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def test_two_processes_give_the_weights_of_one_process_with_the_same_effective_batch(tmp_path, data, two_process_run):
+    single = run_cli(["train", TINY, "--run", tmp_path / "single", "--threads", "1",
+                      *options(data, update_freq=2)])
+    assert single.exit_code == 0, single.stderr
+    expected = weights(tmp_path / "single" / "checkpoint_last.safetensors")
+    got = weights(two_process_run / "checkpoint_last.safetensors")
+    assert got.keys() == expected.keys()  # saved from the unwrapped model: no DDP `module.` prefix
+    assert not any(name.startswith("module.") for name in got)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5, msg=name)
+    records = [json.loads(line) for line in (two_process_run / "metrics.jsonl").read_text().splitlines()]
+    train_records = [record for record in records if record["kind"] == "train"]
+    assert [record["step"] for record in train_records] == list(range(1, STEPS + 1))  # rank 0 alone writes
+    assert train_records[-1]["loss"] < train_records[0]["loss"]  # it trained: equal untouched weights prove nothing
+
+
+def test_a_failing_rank_stops_the_run_with_an_error_and_the_run_resumes(tmp_path, data, two_process_run):
+    run = tmp_path / "failing"
+    failed = torchrun(run, options(data, save_every=2), env={FAIL_AT_ENV: "1:3"})
+    assert failed.returncode != 0
+    assert "rank 1 fails on purpose before update 3" in failed.stderr
+    assert (run / "checkpoint_00000002.safetensors").is_file()
+    assert not (run / "checkpoint_00000003.safetensors").exists()
+
+    resumed = torchrun(run, options(data, save_every=2), resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed at step 2" in resumed.stderr
+    got = weights(run / "checkpoint_last.safetensors")
+    expected = weights(two_process_run / "checkpoint_last.safetensors")
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_resume_with_another_number_of_processes_is_refused(data, two_process_run):
+    result = run_cli(["train", "--run", two_process_run, "--resume", "--threads", "1",
+                      "--set", f"train.max_steps={STEPS + 1}"])
+    assert result.exit_code == 1
+    assert "trained with 2 process(es) but this resume has 1" in result.stderr
