@@ -73,3 +73,23 @@ def test_update_freq_accumulation_equals_one_big_batch():
     for (name, a), (_, b) in zip(accumulated.named_parameters(), single.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
     assert not math.isnan(loss_a)
+
+
+def test_fp16_loss_scaler_skips_and_reports_an_overflowing_update():
+    pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    batch = collate(corpus_of(pairs), torch.arange(2))
+    settings = StepSettings(label_smoothing=0.1, clip_norm=0.0, autocast_dtype=None, device_type="cpu")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0)).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    healthy = train_step(model, optimizer, scaler, [batch], settings)
+    assert not healthy.skipped and scaler.get_scale() == 2.0**16
+    # An fp16 overflow, as the scaler sees it: one parameter's gradient turns inf.
+    first = next(model.parameters())
+    first.register_hook(lambda grad: grad + math.inf)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    overflow = train_step(model, optimizer, scaler, [batch], settings)
+    assert overflow.skipped and scaler.get_scale() == 2.0**15  # halved (backoff_factor 0.5)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name  # the whole update was skipped

@@ -220,8 +220,9 @@ class TrainConfig:
     keep_last: int = 5
     # Log training loss, lr, tokens/s and padding every this many updates (also to metrics.jsonl).
     log_every: int = 100
-    # fp32 everywhere; bf16 or fp16 autocast on CUDA (fp16 with a gradient scaler).
-    precision: str = "fp32"
+    # auto: bf16 autocast on a CUDA device that supports it, else fp32; or fp32 everywhere; or bf16 or
+    # fp16 autocast on CUDA (fp16 with a dynamic loss scaler: updates with inf/nan gradients are skipped and counted).
+    precision: str = "auto"
     # Multi-process runs (torchrun): seconds a collective may wait for the other ranks before the run
     # fails; it must exceed rank 0's validation time, during which the other ranks wait.
     dist_timeout: float = 1800.0
@@ -247,8 +248,8 @@ class TrainConfig:
             raise TfmError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.best_metric not in ("bleu", "loss"):
             raise TfmError(f"train.best_metric must be 'bleu' or 'loss', got {self.best_metric!r}")
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise TfmError(f"train.precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise TfmError(f"train.precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
         if not (self.max_steps or self.max_epochs or self.max_minutes or self.patience):
             raise TfmError(
                 "nothing stops training: set train.max_steps, train.max_epochs, train.max_minutes or train.patience"

@@ -135,6 +135,7 @@ class StepStats:
     loss_sum: torch.Tensor
     nll_sum: torch.Tensor
     grad_norm: torch.Tensor | None
+    skipped: bool = False  # fp16: the loss scaler found inf/nan gradients and skipped the update
 
 
 def autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
@@ -186,13 +187,17 @@ def train_step(
     grad_norm = None
     if settings.clip_norm > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), settings.clip_norm)
+    skipped = False
     if scaler is not None:
+        scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
+        # The dynamic scaler lowers its scale exactly when it skipped the step for inf/nan gradients.
+        skipped = scaler.get_scale() < scale
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepStats(loss_total, nll_total, grad_norm)
+    return StepStats(loss_total, nll_total, grad_norm, skipped)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,6 +330,7 @@ class LogEvent:
     padding: float  # share of padded positions in the batches (source + target)
     elapsed: float  # seconds of training so far, all sessions
     eta: float | None  # seconds until a step, epoch or time limit, if one is set
+    overflow_steps: int = 0  # fp16 updates skipped so far for inf/nan gradients (all sessions)
 
 
 @dataclass(frozen=True)
@@ -376,6 +382,7 @@ class Counters:
     best_step: int = 0
     bad_validations: int = 0  # validations in a row without improvement
     world_size: int = 1  # ranks that trained the run; resume needs the same number (same effective batch)
+    overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (inf/nan gradients)
 
 
 @dataclass(frozen=True)
@@ -647,6 +654,15 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
 # The loop
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision with `auto` made concrete: bf16 on a CUDA device that supports it, else fp32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
 class Trainer:
     """Owns the model, optimizer and counters of one run, and runs the train/validate/save loop."""
 
@@ -680,8 +696,9 @@ class Trainer:
             eps=config.adam_eps, weight_decay=config.weight_decay,
             fused=True,  # one kernel over all parameters instead of ~10 small ops per tensor
         )
-        self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
-        dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+        precision = resolve_precision(config.precision, device)
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type)
         self.counters = Counters(world_size=world.world_size)
         self.last_valid: ValidResult | None = None
@@ -890,6 +907,7 @@ class Trainer:
                 group["lr"] = lr
             stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
             counters.step += 1
+            counters.overflow_steps += stats.skipped
             window.add(stats, batches)
             now = time.monotonic()
             counters.elapsed += now - clock
@@ -937,6 +955,7 @@ class Trainer:
             lr=lr, grad_norm=figures["grad_norm"],
             tgt_tokens_per_s=figures["tgt_tokens_per_s"], tokens_per_s=figures["tokens_per_s"],
             padding=figures["padding"], elapsed=self.counters.elapsed, eta=self.eta(seconds_per_step),
+            overflow_steps=self.counters.overflow_steps,
         )
         write_metrics(self.metrics_path, {"kind": "train", **asdict(event)})
         self.on_event(event)
@@ -1036,7 +1055,7 @@ def train_in_world(
     on_event = (on_event if world.is_main else None) or (lambda event: None)
     should_stop = should_stop or (lambda: False)
     config = recipe.train
-    if config.precision != "fp32" and device.type != "cuda":
+    if config.precision in ("bf16", "fp16") and device.type != "cuda":
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
     if recipe.data.max_length > config.max_tokens:
         raise TfmError(

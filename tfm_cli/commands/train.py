@@ -140,6 +140,8 @@ class TrainDisplay:
     def log(self, event) -> None:
         eta = f" | ETA {format_seconds(event.eta)}" if event.eta is not None else ""
         norm = f" | gnorm {event.grad_norm:.2f}" if event.grad_norm is not None else ""
+        if event.overflow_steps:
+            norm += f" | {plural(event.overflow_steps, 'fp16 overflow')} skipped"
         stats = (
             f"epoch {event.epoch} | loss {event.loss:.3f} | ppl {event.ppl:.1f} | lr {event.lr:.2e}{norm} | "
             f"{event.tgt_tokens_per_s:,.0f} tgt tok/s | pad {event.padding:.1%}{eta}"
