@@ -7,8 +7,9 @@ dedicated parent (so only that one child counts):
 The checkpoint file size is printed for scale.
 
 Usage: python bench/translate_memory.py [--model CKPT] [--beams 1,5]
-Without --model, the random Multi30k-size model of bench/bench_model.py (it decodes to the length
-limit, so this is a worst case for output length).
+Without --model, the random Multi30k-size model of bench/bench_model.py, which decodes every line
+to the length limit; the limit is fixed at --max-len-b 23 tokens + EOS (--max-len-a 0), as in
+translate_vs_peers.py, so that the run ends in minutes on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="tfm checkpoint; default: a random Multi30k-size model")
     parser.add_argument("--source", type=Path, default=MULTI30K / "test_2016_flickr.de")
     parser.add_argument("--beams", default="1,5")
+    parser.add_argument("--max-len-b", type=int, default=23, help="output length limit (as translate_vs_peers: 24 steps)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-translate"))
     args = parser.parse_args()
     checkpoint = args.model
@@ -56,7 +58,10 @@ def main() -> None:
         checkpoint = args.workdir / "random.safetensors"
         if not checkpoint.is_file():
             make_bench_checkpoint(checkpoint)
-    tfm = [sys.executable, "-m", "tfm_cli", "translate", "-m", str(checkpoint), "-i", str(args.source), "-o", "/dev/null", "--threads", "2"]
+    tfm = [
+        sys.executable, "-m", "tfm_cli", "translate", "-m", str(checkpoint), "-i", str(args.source), "-o", "/dev/null",
+        "--threads", "2", "--max-len-a", "0", "--max-len-b", str(args.max_len_b),
+    ]
     rows = [("python + `import torch`", [sys.executable, "-c", "import torch"])]
     rows += [(f"tfm translate --beam {beam}", [*tfm, "--beam", beam]) for beam in args.beams.split(",")]
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {checkpoint} "
