@@ -17,6 +17,7 @@ import torch
 
 from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
+from tfm_cli.textio import check_input_file
 
 STEP_CHECKPOINT = re.compile(r"^checkpoint_(\d{8})\.safetensors$")
 
@@ -82,6 +83,8 @@ def average_checkpoints(paths: list[Path], on_read: Callable[[Path], None] | Non
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise TfmError(f"{repeated[0]}: given more than once; each checkpoint may be averaged only once")
+    for path in paths:  # fail on a missing input before spending minutes reading the others
+        check_input_file(path, "checkpoint")
     first_path = paths[0]
     first: Checkpoint | None = None
     sums: dict[str, torch.Tensor] = {}

@@ -15,6 +15,7 @@ import sentencepiece as spm
 
 from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfm_cli.errors import TfmError
+from tfm_cli.textio import check_input_file, iter_lines
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,12 @@ def train_sentencepiece(
     Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
     """
     for path in input_paths:
-        if not path.is_file():
-            raise TfmError(f"{path}: no such file (tokenizer training needs existing text files)")
+        check_input_file(path, "tokenizer training needs existing text files")
         if path.stat().st_size == 0:
             raise TfmError(f"{path}: the file is empty; tokenizer training needs text")
+        # sentencepiece would silently drop invalid UTF-8; refuse it as encode does (file and line).
+        for _ in iter_lines(str(path)):
+            pass
     model_prefix.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=model_prefix.parent, prefix=".spm-") as tmp:
         tmp_prefix = Path(tmp) / "model"

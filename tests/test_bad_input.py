@@ -1,0 +1,382 @@
+"""Bad input against every subcommand: a matrix of (subcommand x bad input), pipes, and Ctrl-C.
+
+Each case checks what a user in an unattended pipeline relies on: a non-zero exit with exactly one
+`error:` line on stderr (or the documented tolerant behaviour, exit 0 with one output line per
+input line), never a traceback, and never a partial output file (the `-o` target is absent after
+an error and no hidden `.tmp` file is left in its folder). tests/README.md has the table of cases
+and how each one behaves. Cases already covered elsewhere (tokenize encode on every bad
+checkpoint: test_checkpoint.py; mismatched parallel counts: test_score_*.py, test_train_cli.py,
+test_inspect_attention.py; unknown/mis-typed recipe keys: test_train_cli.py; closed stdout and
+10,000 lines through tokenize encode: test_tokenize_cli.py; translate | head -1:
+test_translate_process.py) are not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from conftest import REPO_ROOT, run_cli, run_tfm_process
+
+# One torch thread: on a shared, busy machine two OpenMP threads make tiny-model steps far slower.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DECODE_LIMITS = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "5", "--device", "cpu"]
+LONG_LINE = "Hund " * 20000  # 100,000 characters, far beyond the tiny model's 128 positions
+
+# name -> file content (None: the file does not exist; "dir": a directory of that name).
+TEXT_INPUTS: dict[str, bytes | str | None] = {
+    "missing": None,
+    "directory": "dir",
+    "empty": b"",
+    "blank_lines": b"\n  \n\n",
+    "invalid_utf8": b"Ein Hund\n\xff\xfe l\xe4uft\n",
+    "nul_bytes": b"Ein\x00Hund\nzwei\n",
+    "crlf": b"Ein Hund\r\nzwei Katzen\r\n",
+    "long_line": LONG_LINE.encode() + b"\n",
+}
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a case must do: `error` with this fragment in its one stderr line, or succeed with `lines` output lines.
+
+    `warning` is a fragment of the one warning line a tolerant case prints (with -q), if any.
+    """
+
+    error: str | None = None
+    lines: int | None = None
+    warning: str | None = None
+
+
+def error(fragment: str) -> Expect:
+    return Expect(error=fragment)
+
+
+def ok(lines: int, warning: str | None = None) -> Expect:
+    return Expect(lines=lines, warning=warning)
+
+
+NO_FILE, IS_DIR, BAD_UTF8 = error("no such file"), error("is a directory"), error(":2: invalid UTF-8")
+
+# subcommand -> expected behaviour per TEXT_INPUTS case (the table in tests/README.md).
+TEXT_MATRIX: dict[str, dict[str, Expect]] = {
+    "tokenize-encode": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3), invalid_utf8=BAD_UTF8,
+                            nul_bytes=ok(2), crlf=ok(2), long_line=ok(1)),
+    "tokenize-decode": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3), invalid_utf8=BAD_UTF8,
+                            nul_bytes=ok(2), crlf=ok(2), long_line=ok(1)),
+    "translate": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
+                      invalid_utf8=ok(2, "1 line(s) had invalid UTF-8"), nul_bytes=ok(2), crlf=ok(2),
+                      long_line=ok(1, "1 line(s) exceeded the model's 127 source tokens")),
+    # The same file as hypotheses and reference (line counts match); output: one line per metric.
+    "score-metrics": dict(missing=NO_FILE, directory=IS_DIR, empty=error("no hypotheses to score"),
+                          blank_lines=ok(2), invalid_utf8=BAD_UTF8, nul_bytes=ok(2), crlf=ok(2), long_line=ok(2)),
+    "score-model": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3), invalid_utf8=BAD_UTF8,
+                        nul_bytes=ok(2), crlf=ok(2), long_line=error("exceed the model's max_positions=128")),
+    "inspect-attention": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
+                              invalid_utf8=BAD_UTF8, nul_bytes=ok(2), crlf=ok(2),
+                              long_line=error("exceeds the model's max_positions=128")),
+}
+
+
+def text_command(name: str, path: Path, output: Path, spm: Path, checkpoint: Path) -> list:
+    """The argument list running subcommand `name` on input `path`, writing `output` where it has -o."""
+    return {
+        "tokenize-encode": ["tokenize", "encode", "-m", spm, "-i", path, "-o", output],
+        "tokenize-decode": ["tokenize", "decode", "-m", spm, "-i", path, "-o", output],
+        "translate": ["translate", "-m", checkpoint, "-i", path, "-o", output, "-q", *DECODE_LIMITS],
+        # TER is left out: sacrebleu's TER takes minutes on the 100k-character line (tests/README.md).
+        "score-metrics": ["score", "-r", path, "-i", path, "-o", output, "-q", "--metrics", "bleu,chrf"],
+        "score-model": ["score", "-m", checkpoint, "--src", path, "--tgt", path, "-o", output, "-q", "--device", "cpu"],
+        "inspect-attention": ["inspect-attention", "-m", checkpoint, "-i", path, "--format", "pharaoh", "-q",
+                              "--beam", "1", "--device", "cpu"],
+    }[name]
+
+
+def make_input(folder: Path, content: bytes | str | None) -> Path:
+    """Create the case's input in `folder` (or not, for a missing file); returns its path."""
+    path = folder / "input.txt"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    return path
+
+
+def assert_error(result, fragment: str, output: Path | None) -> None:
+    """Exit 1, exactly one `error:` line holding `fragment`, no traceback, no output file or temp file."""
+    assert result.exit_code == 1, (result.exit_code, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    if output is not None:
+        assert not output.exists(), f"{output} was left behind"
+        assert not list(output.parent.glob(".*.tmp")), "a temp file was left behind"
+
+
+def assert_tolerated(result, expect: Expect, output_text: str) -> None:
+    """Exit 0, `expect.lines` whole output lines, and exactly the expected warning (or none) on stderr."""
+    assert result.exit_code == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert output_text.count("\n") == expect.lines and (output_text == "" or output_text.endswith("\n")), output_text
+    warnings = result.stderr.strip().splitlines()
+    if expect.warning is None:
+        assert warnings == [], result.stderr
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith("warning:") and expect.warning in warnings[0], warnings
+
+
+@pytest.mark.parametrize(
+    "command, case", [(command, case) for command, cases in TEXT_MATRIX.items() for case in cases]
+)
+def test_text_input(command, case, tmp_path, small_spm, random_checkpoint):
+    path = make_input(tmp_path, TEXT_INPUTS[case])
+    output = tmp_path / "out" / "result.txt"
+    output.parent.mkdir()
+    result = run_cli(text_command(command, path, output, small_spm, random_checkpoint))
+    expect = TEXT_MATRIX[command][case]
+    has_output_option = command != "inspect-attention"
+    if expect.error is not None:
+        assert_error(result, expect.error, output if has_output_option else None)
+        return
+    text = output.read_text(encoding="utf-8") if has_output_option else result.stdout
+    assert_tolerated(result, expect, text)
+    assert not list(output.parent.glob(".*.tmp"))
+    if command == "translate" and case == "blank_lines":
+        assert text == "\n\n\n"  # blank lines give empty output lines
+    if case == "crlf":
+        assert "\r" not in text
+
+
+# ---------------------------------------------------------------- tokenize train
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "no such file"),
+        ("dir", "is a directory"),
+        (b"", "the file is empty"),
+        (b"\n  \n\n", "sentencepiece training failed"),
+        (b"Ein Hund\n" * 50 + b"Ein \xff\xfe Hund\n", ":51: invalid UTF-8"),
+    ],
+    ids=["missing", "directory", "empty", "blank_lines", "invalid_utf8"],
+)
+def test_tokenize_train_refuses(content, fragment, tmp_path):
+    path = make_input(tmp_path, content)
+    prefix = tmp_path / "out" / "spm"
+    result = run_cli(["tokenize", "train", path, "-o", prefix, "--vocab-size", "8", "-q"])
+    assert_error(result, fragment, prefix.with_suffix(".model"))
+    assert not prefix.with_suffix(".vocab").exists()
+    assert not prefix.parent.exists() or list(prefix.parent.iterdir()) == []
+
+
+# ---------------------------------------------------------------- bad checkpoints
+
+
+def rewritten(source: Path, target: Path, metadata=None, tensors=None) -> Path:
+    """A copy of checkpoint `source` at `target`, its metadata and/or tensors edited by the callbacks."""
+    with safe_open(str(source), framework="pt") as f:
+        meta = dict(f.metadata())
+        weights = {name: f.get_tensor(name) for name in f.keys()}
+    if metadata:
+        metadata(meta)
+    if tensors:
+        tensors(weights)
+    save_file(weights, str(target), metadata=meta)
+    return target
+
+
+def misshape(weights: dict[str, torch.Tensor]) -> None:
+    weights["decoder_layers.0.ffn.linear1.weight"] = torch.zeros(3, 3)
+
+
+class Unpickled:
+    """A pickle payload whose unpickling creates the marker file it names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def bad_checkpoint(case: str, folder: Path, good: Path) -> Path:
+    """Make checkpoint case `case` in `folder` from the good checkpoint `good`; returns its path."""
+    path = folder / "model.safetensors"
+    if case == "directory":
+        path.mkdir()
+    elif case == "empty":
+        path.write_bytes(b"")
+    elif case == "truncated":
+        data = good.read_bytes()
+        path.write_bytes(data[: len(data) * 2 // 3])
+    elif case == "misshaped_tensor":
+        rewritten(good, path, tensors=misshape)
+    elif case == "format_version_2":
+        rewritten(good, path, metadata=lambda meta: meta.update(format_version="2"))
+    elif case == "plain_safetensors":
+        save_file({"weight": torch.zeros(2, 2)}, str(path))
+    elif case == "pickle":
+        path.write_bytes(pickle.dumps({"model": Unpickled(folder / "unpickled-marker")}))
+    return path
+
+
+CHECKPOINT_CASES = {
+    "missing": "no such file",
+    "directory": "is a directory",
+    "empty": "not a safetensors file",
+    "truncated": "truncated",
+    "misshaped_tensor": "has shape (3, 3)",
+    "format_version_2": "format version '2' is not supported",
+    "plain_safetensors": "not a tfm checkpoint",
+    "pickle": "not a safetensors file",
+}
+
+
+def checkpoint_command(name: str, model: Path, source: Path, output: Path, good: Path) -> list:
+    """The argument list running subcommand `name` with checkpoint `model`."""
+    return {
+        "translate": ["translate", "-m", model, "-i", source, "-o", output, *DECODE_LIMITS],
+        "score-model": ["score", "-m", model, "--src", source, "--tgt", source, "-o", output, "--device", "cpu"],
+        "inspect-attention": ["inspect-attention", "-m", model, "-i", source, "--format", "pharaoh", "--device", "cpu"],
+        "inspect-attention-reverse": ["inspect-attention", "-m", good, "--reverse-model", model, "-i", source,
+                                      "--format", "pharaoh", "--words", "--device", "cpu"],
+        "average": ["average", good, model, "-o", output, "-q"],
+        "tokenize-decode": ["tokenize", "decode", "-m", model, "-i", source, "-o", output],
+    }[name]
+
+
+CHECKPOINT_COMMANDS = ["translate", "score-model", "inspect-attention", "inspect-attention-reverse", "average",
+                       "tokenize-decode"]
+
+
+@pytest.mark.parametrize("command", CHECKPOINT_COMMANDS)
+@pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
+def test_bad_checkpoint(command, case, tmp_path, random_checkpoint):
+    model = bad_checkpoint(case, tmp_path, random_checkpoint)
+    source = tmp_path / "source.txt"
+    source.write_text("Ein Hund\n", encoding="utf-8")
+    output = tmp_path / "out" / "result.txt"
+    output.parent.mkdir()
+    result = run_cli(checkpoint_command(command, model, source, output, random_checkpoint))
+    assert_error(result, CHECKPOINT_CASES[case], output)
+    assert result.stdout == ""
+    assert not (tmp_path / "unpickled-marker").exists(), "the pickle was unpickled"
+
+
+# ---------------------------------------------------------------- train: recipes and data
+
+
+def small_parallel(folder: Path) -> tuple[Path, Path]:
+    """Five short German/English pairs as validation data (so a failing start fails fast)."""
+    src, tgt = folder / "valid.de", folder / "valid.en"
+    src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\nEine Frau.\nKinder spielen.\n", encoding="utf-8")
+    tgt.write_text("A dog.\nTwo cats.\nA man.\nA woman.\nChildren play.\n", encoding="utf-8")
+    return src, tgt
+
+
+RECIPE_CASES = {
+    # name: (recipe: None = no file, "dir" = a directory, bytes, "tiny" = recipes/tiny.toml, "tiny+" = it plus an
+    # unknown section; the error fragment). Data cases point data.train_* at the bad file with --set.
+    "missing_recipe": (None, "no such recipe file"),
+    "recipe_directory": ("dir", "recipe"),
+    "recipe_not_toml": (b"this is [not toml\n", "not valid TOML"),
+    "recipe_not_utf8": (b"[model]\nname = \"\xff\"\n", "not UTF-8"),
+    "recipe_wrong_type": ("tiny", "model.d_model must be"),
+    "recipe_unknown_section": ("tiny+", "unknown recipe section [optimizer]"),
+    "train_data_missing": ("tiny", "no such file (training source)"),
+    "train_data_directory": ("tiny", "is a directory"),
+    "train_data_empty": ("tiny", "no training pairs left"),
+    "train_data_blank_lines": ("tiny", "no training pairs left"),
+}
+
+
+@pytest.mark.parametrize("case", list(RECIPE_CASES))
+def test_train_refuses(case, tmp_path, small_spm):
+    content, fragment = RECIPE_CASES[case]
+    recipe = tmp_path / "recipe.toml"
+    tiny = (REPO_ROOT / "recipes" / "tiny.toml").read_text(encoding="utf-8")
+    if content == "tiny":
+        recipe.write_text(tiny, encoding="utf-8")
+    elif content == "tiny+":
+        recipe.write_text(tiny + "\n[optimizer]\nlr = 1\n", encoding="utf-8")
+    elif content == "dir":
+        recipe.mkdir()
+    elif content is not None:
+        recipe.write_bytes(content)
+    valid_src, valid_tgt = small_parallel(tmp_path)
+    data = {"missing": tmp_path / "nope.txt", "directory": tmp_path, "empty": tmp_path / "empty.txt",
+            "blank_lines": tmp_path / "blank.txt"}
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blank.txt").write_bytes(b"\n \n\n")
+    train_file = data.get(case.removeprefix("train_data_"), valid_src)
+    settings = {
+        "data.train_src": train_file, "data.train_tgt": valid_tgt if case == "train_data_missing" else train_file,
+        "data.valid_src": valid_src, "data.valid_tgt": valid_tgt, "tokenizer.src_model": small_spm,
+        "train.max_steps": 1,
+    }
+    if case == "recipe_wrong_type":
+        settings["model.d_model"] = '"big"'
+    options = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
+    run = tmp_path / "run"
+    result = run_cli(["train", recipe, "--run", run, "--threads", "1", "-q", *options])
+    assert_error(result, fragment, None)
+    # A failed start may leave only its data cache; no checkpoint, so a retry needs no --resume.
+    assert not run.exists() or not list(run.glob("*.safetensors"))
+
+
+# ---------------------------------------------------------------- pipes and Ctrl-C (real processes)
+
+
+def test_translate_ten_thousand_lines_through_a_pipe(random_checkpoint):
+    lines = ["Ein Hund.", "", "Zwei Katzen spielen.", "Ein Mann"] * 2500
+    result = run_tfm_process(
+        ["translate", "-m", random_checkpoint, "--threads", "1", "-q", "--beam", "1", "--max-len-a", "0",
+         "--max-len-b", "1", "--device", "cpu", "--batch-size", "500"],
+        input=("\n".join(lines) + "\n").encode(),
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    outputs = result.stdout.decode().split("\n")
+    assert len(outputs) == 10001 and outputs[-1] == ""
+    assert all(outputs[i] == "" for i in range(1, 10000, 4))  # empty lines stay empty, in place
+
+
+def test_ctrl_c_during_translate_leaves_a_complete_prefix(random_checkpoint, tmp_path):
+    sources = [f"Satz Nummer {i} mit einem Hund." for i in range(5000)]
+    source = tmp_path / "source.de"
+    source.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfm_cli", "translate", "-m", str(random_checkpoint), "-i", str(source), "--json",
+         "--buffer-size", "16", "--batch-size", "16", "--threads", "1", "-q", *DECODE_LIMITS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        first = process.stdout.readline()  # translation is under way
+        assert first, process.stderr.read().decode()
+        process.send_signal(signal.SIGINT)
+        # Read through the same buffered reader: communicate() would skip what readline buffered.
+        rest, stderr = process.stdout.read(), process.stderr.read()
+        process.wait(60)
+    finally:
+        process.kill()
+        process.wait()
+    output = (first + rest).decode()
+    assert process.returncode == 130, stderr.decode()
+    assert stderr.decode().strip().splitlines() == ["error: interrupted"]
+    assert output.endswith("\n")
+    records = [json.loads(line) for line in output.splitlines()]  # every printed line is whole
+    assert 0 < len(records) < len(sources)
+    assert [record["source"] for record in records] == sources[: len(records)]
+
