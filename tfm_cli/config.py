@@ -226,6 +226,9 @@ class TrainConfig:
     # Multi-process runs (torchrun): seconds a collective may wait for the other ranks before the run
     # fails; it must exceed rank 0's validation time, during which the other ranks wait.
     dist_timeout: float = 1800.0
+    # Compile the training step with torch.compile (`tfm train --compile`); falls back to eager where
+    # torch.compile is not supported, with a message. Costs a compile at the start of every session.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         positive = ["max_tokens", "update_freq", "valid_every", "save_every", "log_every", "valid_beam_size"]

@@ -663,6 +663,20 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "fp32"
 
 
+def compile_module(module: torch.nn.Module, on_event: Callable[[Event], None]) -> torch.nn.Module:
+    """torch.compile(module), or `module` itself (with a PhaseEvent saying why) where it is not supported."""
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        on_event(PhaseEvent("torch.compile is not supported on this Python/platform; training without it"))
+        return module
+    try:
+        return torch.compile(module)
+    except RuntimeError as error:
+        on_event(PhaseEvent(f"torch.compile failed ({error}); training without it"))
+        return module
+
+
 class Trainer:
     """Owns the model, optimizer and counters of one run, and runs the train/validate/save loop."""
 
@@ -691,6 +705,9 @@ class Trainer:
                 self.loss_module, device_ids=[device] if device.type == "cuda" else None,
                 forward_sync_buffers=False,  # the only buffers are fixed sinusoids
             )
+        if config.compile:
+            # Compiled around DDP, so DDP's bucketing splits the graph (TorchDynamo's DDPOptimizer).
+            self.loss_module = compile_module(self.loss_module, on_event)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=0.0, betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay,

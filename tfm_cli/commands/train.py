@@ -200,6 +200,9 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto (CUDA if available), cpu, cuda or cuda:N."),
     threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or messages on stderr (errors still)."),
+    compile_model: bool = typer.Option(
+        False, "--compile", help="torch.compile the training step (same as --set train.compile=true)."
+    ),
 ) -> None:
     """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
     import torch
@@ -217,6 +220,8 @@ def train(
     saved = saved_recipe(run_dir) if resume and recipe is None else None
     if resume and recipe is None and saved is None:
         raise TfmError(f"{run_dir}: no run to resume here (no config.json); give a recipe to start one")
+    if compile_model:
+        overrides = [*overrides, "train.compile=true"]
     resolved = load_recipe(Path(recipe) if recipe is not None else None, overrides, saved=saved)
     world = world_from_env()
     # Under torchrun only rank 0 talks to the user; the other ranks report errors only.
