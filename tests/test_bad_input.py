@@ -60,10 +60,12 @@ class Expect:
 
 
 def error(fragment: str) -> Expect:
+    """A case that must fail with `fragment` in its error line."""
     return Expect(error=fragment)
 
 
 def ok(lines: int, warning: str | None = None) -> Expect:
+    """A case that must succeed with `lines` output lines (and this warning, if given)."""
     return Expect(lines=lines, warning=warning)
 
 
@@ -199,6 +201,7 @@ def rewritten(source: Path, target: Path, metadata=None, tensors=None) -> Path:
 
 
 def misshape(weights: dict[str, torch.Tensor]) -> None:
+    """Replace one (64, 32) weight with a (3, 3) tensor."""
     weights["decoder_layers.0.ffn.linear1.weight"] = torch.zeros(3, 3)
 
 
@@ -289,12 +292,12 @@ def small_parallel(folder: Path) -> tuple[Path, Path]:
 
 RECIPE_CASES = {
     # name: (recipe: None = no file, "dir" = a directory, bytes, "tiny" = recipes/tiny.toml, "tiny+" = it plus an
-    # unknown section; the error fragment). Data cases point data.train_* at the bad file with --set.
+    # unknown section, "tiny-type" = it with d_model = "big"; the error fragment). Data cases point data.train_* at the bad file with --set.
     "missing_recipe": (None, "no such recipe file"),
     "recipe_directory": ("dir", "recipe"),
     "recipe_not_toml": (b"this is [not toml\n", "not valid TOML"),
     "recipe_not_utf8": (b"[model]\nname = \"\xff\"\n", "not UTF-8"),
-    "recipe_wrong_type": ("tiny", "model.d_model must be"),
+    "recipe_wrong_type": ("tiny-type", "model.d_model must be"),
     "recipe_unknown_section": ("tiny+", "unknown recipe section [optimizer]"),
     "train_data_missing": ("tiny", "no such file (training source)"),
     "train_data_directory": ("tiny", "is a directory"),
@@ -312,6 +315,8 @@ def test_train_refuses(case, tmp_path, small_spm):
         recipe.write_text(tiny, encoding="utf-8")
     elif content == "tiny+":
         recipe.write_text(tiny + "\n[optimizer]\nlr = 1\n", encoding="utf-8")
+    elif content == "tiny-type":
+        recipe.write_text(tiny.replace("d_model = 32", 'd_model = "big"'), encoding="utf-8")
     elif content == "dir":
         recipe.mkdir()
     elif content is not None:
@@ -327,8 +332,6 @@ def test_train_refuses(case, tmp_path, small_spm):
         "data.valid_src": valid_src, "data.valid_tgt": valid_tgt, "tokenizer.src_model": small_spm,
         "train.max_steps": 1,
     }
-    if case == "recipe_wrong_type":
-        settings["model.d_model"] = '"big"'
     options = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
     run = tmp_path / "run"
     result = run_cli(["train", recipe, "--run", run, "--threads", "1", "-q", *options])
