@@ -1,4 +1,4 @@
-"""Bad input against every subcommand: a matrix of (subcommand x bad input), pipes, and Ctrl-C.
+"""Bad input against every subcommand: a matrix of (subcommand x bad input), pipes, Ctrl-C and SIGKILL.
 
 Each case checks what a user in an unattended pipeline relies on: a non-zero exit with exactly one
 `error:` line on stderr (or the documented tolerant behaviour, exit 0 with one output line per
@@ -18,6 +18,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -383,3 +384,57 @@ def test_ctrl_c_during_translate_leaves_a_complete_prefix(random_checkpoint, tmp
     assert 0 < len(records) < len(sources)
     assert [record["source"] for record in records] == sources[: len(records)]
 
+
+
+# A `tfm train` process whose second write of checkpoint_last stalls inside the write (before its
+# fsync and rename), announcing that by creating the marker file given as the first argument.
+SLOW_CHECKPOINT_WRITE = """
+import os, sys, time
+from pathlib import Path
+real_fsync, writes = os.fsync, []
+def fsync(fd):
+    name = os.readlink(f"/proc/self/fd/{fd}")
+    if ".checkpoint_last.safetensors." in name:
+        writes.append(name)
+        if len(writes) == 2:
+            Path(sys.argv[1]).touch()
+            time.sleep(120)
+    return real_fsync(fd)
+os.fsync = fsync
+from tfm_cli.cli import app
+app(sys.argv[2:], prog_name="tfm")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name the file being written")
+def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, small_spm):
+    from tfm_cli.checkpoint import read_checkpoint
+
+    valid_src, valid_tgt = small_parallel(tmp_path)
+    settings = {
+        "data.train_src": valid_src, "data.train_tgt": valid_tgt, "data.valid_src": valid_src,
+        "data.valid_tgt": valid_tgt, "tokenizer.src_model": small_spm, "train.max_tokens": 64,
+        "train.save_every": 2, "train.valid_every": 1000, "train.max_steps": 4,
+    }
+    options = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
+    run, marker = tmp_path / "run", tmp_path / "inside-the-write"
+    args = ["train", str(REPO_ROOT / "recipes" / "tiny.toml"), "--run", str(run), "--threads", "1", "-q",
+            "--device", "cpu", *map(str, options)]
+    process = subprocess.Popen([sys.executable, "-c", SLOW_CHECKPOINT_WRITE, str(marker), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert process.poll() is None, process.stderr.read().decode()
+            assert time.monotonic() < deadline, "training never reached its second checkpoint write"
+            time.sleep(0.05)
+        process.kill()
+        process.wait(30)
+    finally:
+        process.kill()
+        process.wait()
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 2
+    resumed = run_cli(["train", "--run", run, "--resume", "--threads", "1", "--device", "cpu"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "resumed at step 2" in resumed.stderr
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 4
