@@ -259,3 +259,18 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(tmp_path, letters):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in records].count("valid") == 1  # validation at the end
     assert all(0.0 <= r["padding"] < 1.0 and r["tgt_tokens_per_s"] > 0 for r in records if r["kind"] == "train")
+
+
+def test_inf_nan_updates_are_skipped_counted_and_stop_the_run(tmp_path, letters):
+    """lr = 1e30 blows the weights up after the first update; every later loss is inf/nan."""
+    run = tmp_path / "run"
+    options = settings(letters, max_steps=40, lr=1e30, warmup_steps=1, max_bad_steps=3, valid_every=1000, log_every=1)
+    result = train(run, options)
+    assert result.exit_code == 1
+    assert error_lines(result.stderr) == 1 and "Traceback" not in result.stderr
+    assert "3 updates in a row had an inf/nan loss or gradient" in result.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert train_records[-1]["nonfinite_steps"] == 3 and train_records[-1]["step"] < 40
+    # The last weights (those of the last good update) were saved before stopping, at the stop's step.
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == train_records[-1]["step"]

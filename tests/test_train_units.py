@@ -93,3 +93,23 @@ def test_fp16_loss_scaler_skips_and_reports_an_overflowing_update():
     assert overflow.skipped and scaler.get_scale() == 2.0**15  # halved (backoff_factor 0.5)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name  # the whole update was skipped
+
+
+def test_an_inf_nan_loss_skips_the_update_in_fp32():
+    pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    batch = collate(corpus_of(pairs), torch.arange(2))
+    settings = StepSettings(label_smoothing=0.1, clip_norm=1.0, autocast_dtype=None, device_type="cpu")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    assert not train_step(model, optimizer, None, [batch], settings).nonfinite
+    moments = {id(p): optimizer.state[p]["exp_avg"].clone() for p in model.parameters()}
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        model.src_embed.weight[5] = math.nan  # token 5 is in the batch: the loss turns NaN
+    stats = train_step(model, optimizer, None, [batch], settings)
+    assert stats.nonfinite and not torch.isfinite(stats.loss_sum)
+    for name, p in model.named_parameters():
+        if name != "src_embed.weight":
+            assert torch.equal(p, before[name]), name  # the update was skipped
+    assert all(torch.equal(optimizer.state[p]["exp_avg"], moments[id(p)]) for p in model.parameters())

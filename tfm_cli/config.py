@@ -226,6 +226,9 @@ class TrainConfig:
     # Multi-process runs (torchrun): seconds a collective may wait for the other ranks before the run
     # fails; it must exceed rank 0's validation time, during which the other ranks wait.
     dist_timeout: float = 1800.0
+    # An update whose loss or gradient is inf/nan is skipped (weights untouched) and counted; this
+    # many in a row stop the run with an error after saving the last good weights (0 = never stop).
+    max_bad_steps: int = 10
     # Compile the training step with torch.compile (`tfm train --compile`); falls back to eager where
     # torch.compile is not supported, with a message. Costs a compile at the start of every session.
     compile: bool = False
@@ -247,6 +250,8 @@ class TrainConfig:
                 raise TfmError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.adam_eps <= 0:
             raise TfmError(f"train.adam_eps must be > 0, got {self.adam_eps}")
+        if self.max_bad_steps < 0:
+            raise TfmError(f"train.max_bad_steps must be >= 0, got {self.max_bad_steps}")
         if self.dist_timeout <= 0:
             raise TfmError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.best_metric not in ("bleu", "loss"):

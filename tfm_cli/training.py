@@ -136,6 +136,7 @@ class StepStats:
     nll_sum: torch.Tensor
     grad_norm: torch.Tensor | None
     skipped: bool = False  # fp16: the loss scaler found inf/nan gradients and skipped the update
+    nonfinite: bool = False  # fp32/bf16: the loss or a gradient was inf/nan, so the update was skipped
 
 
 def autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
@@ -184,20 +185,24 @@ def train_step(
         nll_total += nll.detach()
     if scaler is not None:
         scaler.unscale_(optimizer)
-    grad_norm = None
-    if settings.clip_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), settings.clip_norm)
-    skipped = False
+    # The norm is needed anyway to detect inf/nan; max_norm=inf computes it without clipping. After
+    # DDP's all-reduce every rank holds the same gradients, so all ranks agree on skipping.
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        loss_module.parameters(), settings.clip_norm if settings.clip_norm > 0 else math.inf
+    )
+    skipped = nonfinite = False
     if scaler is not None:
         scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
         # The dynamic scaler lowers its scale exactly when it skipped the step for inf/nan gradients.
         skipped = scaler.get_scale() < scale
-    else:
+    elif torch.isfinite(grad_norm):
         optimizer.step()
+    else:
+        nonfinite = True  # a NaN/inf loss gives non-finite gradients: leave weights and moments as they are
     optimizer.zero_grad(set_to_none=True)
-    return StepStats(loss_total, nll_total, grad_norm, skipped)
+    return StepStats(loss_total, nll_total, grad_norm, skipped, nonfinite)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,6 +336,7 @@ class LogEvent:
     elapsed: float  # seconds of training so far, all sessions
     eta: float | None  # seconds until a step, epoch or time limit, if one is set
     overflow_steps: int = 0  # fp16 updates skipped so far for inf/nan gradients (all sessions)
+    nonfinite_steps: int = 0  # fp32/bf16 updates skipped so far for an inf/nan loss or gradient
 
 
 @dataclass(frozen=True)
@@ -383,6 +389,8 @@ class Counters:
     bad_validations: int = 0  # validations in a row without improvement
     world_size: int = 1  # ranks that trained the run; resume needs the same number (same effective batch)
     overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (inf/nan gradients)
+    nonfinite_steps: int = 0  # fp32/bf16 updates skipped for an inf/nan loss or gradient
+    nonfinite_in_a_row: int = 0  # consecutive ones up to now; max_bad_steps of them stop the run
 
 
 @dataclass(frozen=True)
@@ -925,6 +933,8 @@ class Trainer:
             stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
             counters.step += 1
             counters.overflow_steps += stats.skipped
+            counters.nonfinite_steps += stats.nonfinite
+            counters.nonfinite_in_a_row = counters.nonfinite_in_a_row + 1 if stats.nonfinite else 0
             window.add(stats, batches)
             now = time.monotonic()
             counters.elapsed += now - clock
@@ -932,6 +942,14 @@ class Trainer:
             if counters.step % config.log_every == 0:
                 self.log(window, lr)
                 window = LogWindow()
+            if config.max_bad_steps and counters.nonfinite_in_a_row >= config.max_bad_steps:
+                # Skipped updates left the weights untouched: they are the last good ones, so save them.
+                self.save()
+                raise TfmError(
+                    f"training diverged: {counters.nonfinite_in_a_row} updates in a row had an inf/nan loss or "
+                    f"gradient (up to step {counters.step}); the last good weights are in "
+                    f"{self.run_dir}/checkpoint_last.safetensors; lower train.lr or raise train.warmup_steps"
+                )
             validated = saved = False
             if self.data.valid is not None and counters.step % config.valid_every == 0:
                 self.validate_on_main()
@@ -972,7 +990,7 @@ class Trainer:
             lr=lr, grad_norm=figures["grad_norm"],
             tgt_tokens_per_s=figures["tgt_tokens_per_s"], tokens_per_s=figures["tokens_per_s"],
             padding=figures["padding"], elapsed=self.counters.elapsed, eta=self.eta(seconds_per_step),
-            overflow_steps=self.counters.overflow_steps,
+            overflow_steps=self.counters.overflow_steps, nonfinite_steps=self.counters.nonfinite_steps,
         )
         write_metrics(self.metrics_path, {"kind": "train", **asdict(event)})
         self.on_event(event)
