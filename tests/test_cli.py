@@ -44,3 +44,18 @@ def test_every_subcommand_has_help_with_examples(command):
 def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "tfm_cli", "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and __version__ in result.stdout
+
+
+@pytest.mark.parametrize("command", ["translate", "score", "inspect-attention"])
+def test_unusable_device_is_one_clear_line(command, random_checkpoint, tmp_path):
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Hund\n")
+    args = {
+        "translate": ["translate", "-m", random_checkpoint, "-i", source],
+        "score": ["score", "-m", random_checkpoint, "--src", source, "--tgt", source],
+        "inspect-attention": ["inspect-attention", "-m", random_checkpoint, "-i", source],
+    }[command]
+    result = run_cli([*args, "--device", "banana"])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "--device banana: not usable here" in result.stderr and "Traceback" not in result.stderr

@@ -189,24 +189,6 @@ class SentenceScore:
         return self.per_token
 
 
-def torch_device(name: str) -> torch.device:
-    """The torch device for a --device value: `auto` = cuda when available, else cpu.
-
-    Raises TfmError, naming the value, for a device string torch rejects or cannot use here.
-    """
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:
-        message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise TfmError(f"--device {name}: not usable here ({message}); try --device cpu") from None
-    return device
-
-
 def token_log_probs(model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
     """Teacher-forced log p(y_t | y_<t, x) of every target token.
 

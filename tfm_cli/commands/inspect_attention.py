@@ -82,11 +82,11 @@ def inspect_attention(
     import torch
 
     from tfm_cli.checkpoint import load_model
-    from tfm_cli.scoring import torch_device
+    from tfm_cli.devices import resolve_device
 
     if threads > 0:
         torch.set_num_threads(threads)
-    target_device = torch_device(device)
+    target_device = resolve_device(device)
     loaded = load_model(model, device=target_device)
     reverse = load_model(reverse_model, device=target_device) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):

@@ -135,7 +135,8 @@ def score_with_model(
     import torch
 
     from tfm_cli.checkpoint import load_model
-    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, torch_device, zip_parallel
+    from tfm_cli.devices import resolve_device
+    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
     from tfm_cli.textio import iter_lines, open_output, thread_stdin
 
     if normalize not in NORMALIZATIONS:
@@ -146,7 +147,7 @@ def score_with_model(
         raise TfmError("--src and --tgt cannot both be stdin")
     if threads > 0:
         torch.set_num_threads(threads)
-    loaded = load_model(model_path, device=torch_device(device))
+    loaded = load_model(model_path, device=resolve_device(device))
     # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.
     src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)
     tgt_lines = iter_lines(tgt, stream=thread_stdin() if tgt == "-" else None)

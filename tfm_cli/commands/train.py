@@ -20,21 +20,6 @@ EPILOG = (
 )
 
 
-def resolve_device(name: str):
-    """`auto` -> cuda if available else cpu; checks that an explicit CUDA device exists."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise TfmError(f"--device {name!r}: not a device name (use auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TfmError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    return device
-
-
 class StopRequest:
     """Set by SIGINT/SIGTERM: the loop finishes its update, saves, and returns. A second signal aborts."""
 
@@ -223,6 +208,9 @@ def train(
     if compile_model:
         overrides = [*overrides, "train.compile=true"]
     resolved = load_recipe(Path(recipe) if recipe is not None else None, overrides, saved=saved)
+    from tfm_cli.devices import resolve_device
+
+    target_device = resolve_device(device)
     world = world_from_env()
     # Under torchrun only rank 0 talks to the user; the other ranks report errors only.
     quiet = quiet or not world.is_main
@@ -230,7 +218,7 @@ def train(
     display = TrainDisplay(quiet, run_dir)
     stop.install()
     try:
-        result = run_training(resolved, run_dir, resume=resume, device=resolve_device(device),
+        result = run_training(resolved, run_dir, resume=resume, device=target_device,
                               on_event=display, should_stop=stop, world=world)
     finally:
         display.close()

@@ -21,15 +21,6 @@ EPILOG = (
 )
 
 
-def resolve_device(device: str) -> str:
-    """`auto` -> cuda when available, else cpu; anything else is passed to torch as is."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def parse_head(value: str) -> int | None:
     """`mean` -> None (average the heads), else the head index."""
     if value == "mean":
@@ -104,6 +95,8 @@ def translate(
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     want_alignment = alignment or as_json
     align = AlignmentConfig(layer=align_layer, head=parse_head(align_head)) if want_alignment else None
+    from tfm_cli.devices import resolve_device
+
     loaded = load_model(model, device=resolve_device(device))
     translator = Translator(loaded, decode, batching, align)
     output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=length_penalty)
