@@ -16,11 +16,17 @@ RECIPES = [REPO_ROOT / "recipes" / "tiny.toml", *sorted((REPO_ROOT / "recipes" /
 
 @pytest.mark.parametrize("path", RECIPES, ids=[str(p.relative_to(REPO_ROOT)) for p in RECIPES])
 def test_every_shipped_recipe_loads_and_points_at_existing_data(path, multi30k_dir, monkeypatch):
-    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     recipe = load_recipe(path, [])
     for name in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
         assert Path(getattr(recipe.data, name)).is_file(), name
     assert recipe.model_config(8000, 8000).d_model == recipe.model.get("d_model", 512)
+
+
+def test_multi30k_recipe_without_its_data_folder_names_the_variable(monkeypatch):
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    with pytest.raises(TfmError, match="environment variable MULTI30K_DIR is not set"):
+        load_recipe(REPO_ROOT / "recipes" / "multi30k" / "de-en.toml", [])
 
 
 def write_recipe(folder: Path, text: str) -> Path:

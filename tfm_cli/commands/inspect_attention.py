@@ -55,7 +55,7 @@ def inspect_attention(
     words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
     output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),
-    png: Optional[str] = typer.Option(None, "--png", help="Also save the heatmap as a labelled PNG image (needs the `plot` extra: pip install 'tfm-cli[plot]')."),
+    png: Optional[str] = typer.Option(None, "--png", help="Also save the heatmap as a labelled PNG image (needs the `plot` extra: pip install 'tfm-cli\\[plot]')."),
     walkthrough: bool = typer.Option(False, "--walkthrough", help="Print one head's computation step by step: X, Q, K, V, Q K^T, scaled, softmax rows, output rows."),
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),

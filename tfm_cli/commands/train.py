@@ -171,7 +171,7 @@ def format_seconds(seconds: float) -> str:
 
 def train(
     recipe: Optional[str] = typer.Argument(
-        None, help="A TOML recipe ([data], [tokenizer], [model], [train]); optional with --resume."
+        None, help="A TOML recipe (tables data, tokenizer, model, train); optional with --resume."
     ),
     run: str = typer.Option(
         ..., "--run", "--run-dir",

@@ -1,6 +1,6 @@
 """THE model package: every subcommand builds, loads and runs the Transformer from here."""
 
-from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention
+from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
 from tfm_cli.model.transformer import Decoded, DecoderState, Encoded, StepOutput, Transformer, count_parameters
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Encoded",
     "KeyValueCache",
     "SelfAttention",
+    "SelfAttentionCache",
     "StepOutput",
     "Transformer",
     "count_parameters",

@@ -17,7 +17,8 @@ from torch import nn
 
 @dataclass
 class KeyValueCache:
-    """Keys and values kept between decoding steps: (B, H, T, Dh) each, or None before the first step."""
+    """Cross-attention keys/values of the encoder memory, (B, H, S, Dh) each, computed once per sentence
+    (None until the first decoding step computes them)."""
 
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -27,6 +28,51 @@ class KeyValueCache:
         if self.keys is not None:
             self.keys = self.keys.index_select(0, indices)
             self.values = self.values.index_select(0, indices)
+
+
+class SelfAttentionCache:
+    """The self-attention keys/values of the steps decoded so far, in buffers with room to grow.
+
+    Buffers are (B, H, capacity, Dh); the first `length` positions are filled. Appending a step
+    writes in place (no copy of the earlier steps), and `select` gathers only the filled part, so
+    incremental decoding copies the cache at most once per step (beam reorder) instead of twice.
+    """
+
+    def __init__(self) -> None:
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add keys/values (B, H, T, Dh) after the cached ones; returns all of them, (B, H, length, Dh) each."""
+        new_length = self.length + keys.size(2)
+        if self.key_buffer is None or new_length > self.key_buffer.size(2):
+            self.grow(keys, max(new_length, 2 * self.length, 16))
+        self.key_buffer[:, :, self.length : new_length] = keys
+        self.value_buffer[:, :, self.length : new_length] = values
+        self.length = new_length
+        return self.key_buffer[:, :, :new_length], self.value_buffer[:, :, :new_length]
+
+    def grow(self, like: torch.Tensor, capacity: int) -> None:
+        """Move the filled part into new buffers of `capacity` positions shaped like `like` (B, H, *, Dh)."""
+        batch, n_heads, _, head_dim = like.shape
+        key_buffer = like.new_empty((batch, n_heads, capacity, head_dim))
+        value_buffer = like.new_empty((batch, n_heads, capacity, head_dim))
+        if self.key_buffer is not None:
+            key_buffer[:, :, : self.length] = self.key_buffer[:, :, : self.length]
+            value_buffer[:, :, : self.length] = self.value_buffer[:, :, : self.length]
+        self.key_buffer, self.value_buffer = key_buffer, value_buffer
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep batch rows `indices` (B',) in this order (beam reordering, dropping finished rows)."""
+        if self.key_buffer is None:
+            return
+        buffers = []
+        for buffer in (self.key_buffer, self.value_buffer):
+            selected = buffer.new_empty((indices.numel(), *buffer.shape[1:]))
+            torch.index_select(buffer[:, :, : self.length], 0, indices, out=selected[:, :, : self.length])
+            buffers.append(selected)
+        self.key_buffer, self.value_buffer = buffers
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -109,7 +155,7 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
-        cache: KeyValueCache | None = None,
+        cache: SelfAttentionCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D). Returns (output (B, T, D), weights (B, H, T, T') or None).
@@ -120,10 +166,7 @@ class SelfAttention(nn.Module):
         queries, keys, values = self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
         queries, keys, values = (split_heads(t, self.n_heads) for t in (queries, keys, values))
         if cache is not None:
-            if cache.keys is not None:
-                keys = torch.cat([cache.keys, keys], dim=2)  # (B, H, t + T, Dh)
-                values = torch.cat([cache.values, values], dim=2)
-            cache.keys, cache.values = keys, values
+            keys, values = cache.append(keys, values)  # (B, H, t + T, Dh) each
         dropout = self.dropout if self.training else 0.0
         output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights)
         return self.out_proj(merge_heads(output)), weights

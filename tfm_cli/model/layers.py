@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.config import ModelConfig
-from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention
+from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
@@ -101,7 +101,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         memory: torch.Tensor | None,
         memory_mask: torch.Tensor,
-        self_cache: KeyValueCache | None = None,
+        self_cache: SelfAttentionCache | None = None,
         cross_cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.model.attention import KeyValueCache
+from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
 
@@ -41,13 +41,15 @@ class DecoderState:
     """Everything incremental decoding keeps between steps, for a batch of B hypotheses."""
 
     memory_mask: torch.Tensor  # (B, 1, 1, S) bool
-    self_caches: list[KeyValueCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
+    self_caches: list[SelfAttentionCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
     cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (B, H, S, Dh), fixed
     memory_rows: torch.Tensor  # (B,) int64: the encoded sentence whose memory row b's cross caches hold
     position: int = 0  # number of target tokens decoded so far
 
     def select(self, indices: torch.Tensor) -> None:
         """Keep hypotheses `indices` (B',) int64, in that order: beam reordering and dropping finished rows."""
+        if indices.numel() == self.batch_size and torch.equal(indices, torch.arange(self.batch_size, device=indices.device)):
+            return  # nothing moves (greedy steps, beam steps that keep every beam in place)
         for cache in self.self_caches:
             cache.select(indices)
         memory_rows = self.memory_rows.index_select(0, indices)
@@ -161,7 +163,7 @@ class Transformer(nn.Module):
             cross_caches.append(KeyValueCache(keys, values))
         return DecoderState(
             memory_mask=encoded.src_mask[:, None, None, :],
-            self_caches=[KeyValueCache() for _ in self.decoder_layers],
+            self_caches=[SelfAttentionCache() for _ in self.decoder_layers],
             cross_caches=cross_caches,
             memory_rows=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
         )
