@@ -22,7 +22,10 @@ three define it differently); the same number of decoder steps: at most --max-st
 last step is its forced EOS. Threads: intra-op 2 (torch.set_num_threads, CTranslate2
 intra_threads), inter 1.
 
-Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE]
+With --reference (the target side of --source), a BLEU column scores each engine's detokenized
+output with sacrebleu (default settings), which is how the int8 rows' quality loss is reported.
+
+Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE] [--reference REF]
 Without --model, a random Multi30k-size model that never emits EOS is made (bench/bench_model.py).
 """
 
@@ -216,6 +219,19 @@ def agreement(reference: dict[str, list[int]], other: dict[str, list[int]], max_
     return 100.0 * same / len(reference)
 
 
+def corpus_bleu(checkpoint: Path, outputs: dict[str, list[int]], reference: Path) -> float:
+    """sacreBLEU (default: cased, 13a) of the outputs (line index -> target ids), detokenized by the checkpoint."""
+    import sacrebleu
+
+    from tfm_cli.checkpoint import load_model
+    from tfm_cli.textio import iter_lines
+
+    tokenizer = load_model(checkpoint).tgt_tokenizer
+    hypotheses = [tokenizer.decode_ids(outputs[str(i)]) for i in range(len(outputs))]
+    references = list(iter_lines(str(reference)))[: len(hypotheses)]
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
 def machine_description() -> str:
     """CPU model name and core count (lscpu), Python, torch, transformers and CTranslate2 versions."""
     model = "unknown CPU"
@@ -252,6 +268,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch, the same for every engine")
     parser.add_argument("--max-steps", type=int, default=24, help="decoder steps per sentence at most (EOS included)")
     parser.add_argument("--limit", type=int, default=1000, help="use the first LIMIT source lines")
+    parser.add_argument("--reference", type=Path, help="target side of --source: adds a BLEU column")
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH_DIR))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -266,8 +283,9 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine_description()}")
     print(f"# model {checkpoint}; {n_sentences} sentences from {args.source}; batch {args.batch_size} sentences; "
           f"max {args.max_steps} decoder steps; {args.threads} threads; median of {args.runs} runs")
-    print("| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | agreement with tfm |")
-    print("|---|---|---|---|---|---|---|")
+    bleu_header, bleu_rule = (" BLEU |", "---|") if args.reference else ("", "")
+    print(f"| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | agreement with tfm |{bleu_header}")
+    print(f"|---|---|---|---|---|---|---|{bleu_rule}")
     for policy in args.policies.split(","):
         for beam in (int(b) for b in args.beams.split(",")):
             seconds: dict[str, list[float]] = {e: [] for e in engines}
@@ -285,8 +303,9 @@ def main() -> None:
                 tokens = target_tokens(outputs[engine], args.max_steps)
                 ratio = median[engine] / median["tfm"] if "tfm" in median else float("nan")
                 agree = agreement(outputs["tfm"], outputs[engine], args.max_steps) if "tfm" in outputs else float("nan")
+                bleu = f" {corpus_bleu(checkpoint, outputs[engine], args.reference):.2f} |" if args.reference else ""
                 print(f"| {policy} | {beam} | {engine} | {n_sentences / median[engine]:.1f} | "
-                      f"{tokens / median[engine]:.0f} | {ratio:.2f} | {agree:.1f}% |", flush=True)
+                      f"{tokens / median[engine]:.0f} | {ratio:.2f} | {agree:.1f}% |{bleu}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def speed_line(records: list[dict]) -> str:
     mean_tgt = sum(r["tgt_tokens_per_s"] for r in train) / len(train)
     mean_all = sum(r["tokens_per_s"] for r in train) / len(train)
     last = train[-1]
-    return (f"{last['step']} updates, {last['epoch']} epochs started, {last['elapsed'] / 60:.1f} minutes of "
+    return (f"last logged: update {last['step']}, epoch {last['epoch']}, {last['elapsed'] / 60:.1f} minutes of "
             f"training; mean {mean_tgt:,.0f} target tokens/s ({mean_all:,.0f} source+target)")
 
 
