@@ -1,0 +1,81 @@
+"""Where tfm's beam search spends its time: torch.profiler over a few batches, top operators by self CPU.
+
+Usage: python bench/profile_search.py --model CKPT [--source FILE] [--lines 256] [--beam 5]
+       [--batch-size 32] [--threads 2] [--top 15]
+Prints a Markdown table (operator, self CPU ms, share, calls) and the wall time with and without
+the profiler attached, so the profiler's own overhead is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tfm_cli.checkpoint import load_model
+from tfm_cli.config import DecodeConfig
+from tfm_cli.search import beam_search, greedy_search
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def make_batches(loaded, source: Path, lines: int, batch_size: int) -> list[torch.Tensor]:
+    """The first `lines` sources as (B, S) int64 batches, sorted by length, right-padded, ending in EOS."""
+    config = loaded.config
+    text = source.read_text(encoding="utf-8").splitlines()[:lines]
+    ids = sorted((loaded.src_tokenizer.encode_ids(line) + [config.eos_id] for line in text), key=len, reverse=True)
+    batches = []
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start : start + batch_size]
+        width = len(chunk[0])
+        batches.append(torch.tensor([row + [config.pad_id] * (width - len(row)) for row in chunk], dtype=torch.long))
+    return batches
+
+
+def main() -> None:
+    """Profile one pass over the batches and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--source", type=Path, default=MULTI30K / "test_2016_flickr.de")
+    parser.add_argument("--lines", type=int, default=256)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    batches = make_batches(loaded, args.source, args.lines, args.batch_size)
+    decode_config = DecodeConfig(beam_size=args.beam, length_penalty=0.0)
+
+    def run_all() -> None:
+        for src in batches:
+            if args.beam == 1:
+                greedy_search(loaded.model, src)
+            else:
+                beam_search(loaded.model, src, decode_config)
+
+    run_all()  # warm-up
+    start = time.perf_counter()
+    run_all()
+    plain = time.perf_counter() - start
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
+        run_all()
+        profiled = time.perf_counter() - start
+    events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"# {args.lines} lines, beam {args.beam}, batch {args.batch_size}, {args.threads} threads: "
+          f"{plain:.2f} s without the profiler, {profiled:.2f} s with it")
+    print("| operator | self CPU ms | share | calls |")
+    print("|---|---:|---:|---:|")
+    for event in events[: args.top]:
+        print(f"| `{event.key}` | {event.self_cpu_time_total / 1000:.0f} | {100 * event.self_cpu_time_total / total:.1f}% "
+              f"| {event.count} |")
+
+
+if __name__ == "__main__":
+    main()
