@@ -365,6 +365,9 @@ def test_ctrl_c_during_translate_leaves_a_complete_prefix(random_checkpoint, tmp
         [sys.executable, "-m", "tfm_cli", "translate", "-m", str(random_checkpoint), "-i", str(source), "--json",
          "--buffer-size", "16", "--batch-size", "16", "--threads", "1", "-q", *DECODE_LIMITS],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # A shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C
+        # handler: give the child the default disposition, as a terminal's foreground job has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         first = process.stdout.readline()  # translation is under way
