@@ -126,6 +126,28 @@ def start_search(model: Transformer, src: torch.Tensor, rows_per_sentence: int) 
     return state, encoded.src_mask[:n_sentences].sum(1)
 
 
+def best_possible_score(raw_score: float, shortest: int, longest: int, alpha: float) -> float:
+    """The highest normalised score any extension of a live hypothesis can still reach.
+
+    raw_score: the hypothesis' raw score now (<= 0; extending only adds log-probs <= 0);
+    shortest/longest: the fewest and most output tokens (EOS included) it can end with. Returns
+    raw_score / length_penalty(L) at whichever end L is higher (the penalty is monotone in L).
+    """
+    return max(raw_score / length_penalty(shortest, alpha), raw_score / length_penalty(longest, alpha))
+
+
+def sentence_is_decided(hypotheses: list[Hypothesis], nbest: int, best_live: float, alpha: float) -> bool:
+    """True when no live hypothesis can enter the `nbest` best finished ones any more.
+
+    best_live: best_possible_score of the best live hypothesis. A later hypothesis with an equal
+    score would rank after the earlier ones (the final sort is stable), so ties count as decided.
+    """
+    if len(hypotheses) < nbest:
+        return False
+    scores = sorted((h.normalised_score(alpha) for h in hypotheses), reverse=True)
+    return scores[nbest - 1] >= best_live
+
+
 @torch.inference_mode()
 def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> list[list[Hypothesis]]:
     """Beam search with the GNMT length penalty; finished sentences leave the batch.
@@ -134,73 +156,86 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
     `config.nbest` best hypotheses, best first by normalised score (see the module docstring).
     Each step extends every live beam by every token (beam * vocab candidates), keeps the top
     2 * beam; EOS candidates among the top `beam` become finished hypotheses, the best `beam`
-    others continue. A sentence stops once it has `beam` finished hypotheses (as fairseq); at the
-    length limit a * src_len + b every beam is closed with EOS (finished=False).
+    others continue. The first step runs one row per sentence (all beams would be the same).
+    A sentence stops once it has `beam` finished hypotheses (as fairseq), or earlier once no live
+    beam can reach its `nbest` best finished ones (see `best_possible_score`: this changes no
+    output, it only skips steps whose results could not be returned); at the length limit
+    a * src_len + b every beam is closed with EOS (finished=False).
     """
     vocab_eos = model.config.eos_id
-    beam = config.beam_size
+    beam, alpha = config.beam_size, config.length_penalty
     device = src.device
     n_sentences = src.size(0)
-    state, src_lengths = start_search(model, src, beam)
+    # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
+    # is too small to offer 2 * beam candidates from one row.
+    width = 1 if model.config.tgt_vocab_size >= 2 * beam else beam  # live rows per sentence; `beam` after step 1
+    state, src_lengths = start_search(model, src, width)
     limit = model.config.max_positions - 2  # BOS takes a position; at most max_positions - 1 outputs with EOS
     max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit).tolist()
     alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sentences)]
-    # Only beam 0 is live at the start, so the first step does not pick the same token `beam` times.
-    scores = torch.full((n_sentences, beam), float("-inf"), device=device)
+    # (n, width) raw scores of the live rows; only row 0 is live at the start, so the first step
+    # does not pick the same token `width` times.
+    scores = torch.full((n_sentences, width), float("-inf"), device=device)
     scores[:, 0] = 0.0
-    tokens = torch.full((n_sentences * beam,), model.config.bos_id, dtype=torch.long, device=device)
-    history = torch.empty((n_sentences * beam, 0), dtype=torch.long, device=device)  # (R, t) outputs so far
-    beam_offsets = torch.arange(n_sentences, device=device)[:, None] * beam  # (n, 1)
+    tokens = torch.full((n_sentences * width,), model.config.bos_id, dtype=torch.long, device=device)
+    history = torch.empty((n_sentences * width, 0), dtype=torch.long, device=device)  # (R, t) outputs so far
     step = 0
     while alive:
         n_alive = len(alive)
-        logits = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * beam]
+        logits = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * width]
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
         if any(at_limit):
             # At the length limit only EOS may follow, so every output ends cleanly.
-            closing = torch.tensor(at_limit, device=device).repeat_interleave(beam)[:, None]  # (R, 1)
+            closing = torch.tensor(at_limit, device=device).repeat_interleave(width)[:, None]  # (R, 1)
             not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
             not_eos[vocab_eos] = False
             log_probs = log_probs.masked_fill(closing & not_eos, float("-inf"))
-        candidates = (scores.view(-1, 1) + log_probs).view(n_alive, beam * vocab)
-        top_scores, top_ids = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (n, 2k), best first
+        candidates = (scores.view(-1, 1) + log_probs).view(n_alive, width * vocab)
+        top_scores, top_ids = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (n, 2k), best first
         top_beams, top_tokens = top_ids // vocab, top_ids % vocab
         is_eos = top_tokens == vocab_eos
         closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
-        done = [False] * n_alive
         if bool(closing_eos.any()):
             for index, rank in closing_eos.nonzero().tolist():
-                sentence = alive[index]
-                row = index * beam + int(top_beams[index, rank])
-                finished[sentence].append(Hypothesis(
+                row = index * width + int(top_beams[index, rank])
+                finished[alive[index]].append(Hypothesis(
                     tokens=history[row].tolist(), score=float(top_scores[index, rank]),
                     finished=not at_limit[index],
                 ))
-                done[index] = len(finished[sentence]) >= beam
-        # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
-        done = [d or closed for d, closed in zip(done, at_limit)]
         # The best `beam` non-EOS candidates continue: a stable sort puts EOS ones last.
         order = is_eos.to(torch.int8).argsort(dim=1, stable=True)[:, :beam]  # (n, k)
         next_scores = top_scores.gather(1, order)
-        next_rows = (beam_offsets[:n_alive] + top_beams.gather(1, order)).view(-1)  # (R,)
+        best_live = next_scores[:, 0].tolist()  # the first continuing candidate is the best one
+        done = []
+        for index, sentence in enumerate(alive):
+            hypotheses = finished[sentence]
+            # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
+            if at_limit[index] or len(hypotheses) >= beam:
+                done.append(True)
+            elif not hypotheses:
+                done.append(False)
+            else:
+                reachable = best_possible_score(best_live[index], step + 2, max_lengths[sentence] + 1, alpha)
+                done.append(sentence_is_decided(hypotheses, config.nbest, reachable, alpha))
+        sentence_offsets = torch.arange(n_alive, device=device)[:, None] * width  # (n, 1)
+        next_rows = (sentence_offsets + top_beams.gather(1, order)).view(-1)  # (n * beam,)
         next_tokens = top_tokens.gather(1, order).view(-1)
         if any(done):
             keep = [i for i, d in enumerate(done) if not d]
             alive = [alive[i] for i in keep]
+            if not alive:
+                break
             keep_index = torch.tensor(keep, dtype=torch.long, device=device)
             next_scores = next_scores.index_select(0, keep_index)
             next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
-            if not alive:
-                break
         state.select(padded_rows(next_rows))
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
-        scores, tokens = next_scores, next_tokens
+        scores, tokens, width = next_scores, next_tokens, beam
         step += 1
-    alpha = config.length_penalty
     return [sorted(hyps, key=lambda h: -h.normalised_score(alpha))[: config.nbest] for hyps in finished]
 
 
