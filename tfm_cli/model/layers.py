@@ -10,6 +10,7 @@ from torch import nn
 
 from tfm_cli.config import ModelConfig
 from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
+from tfm_cli.model.dropout import Dropout
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
@@ -32,7 +33,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = F.relu if activation == "relu" else F.gelu
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -51,7 +52,7 @@ class Sublayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.norm_first = config.norm_first
 
     def before(self, x: torch.Tensor) -> torch.Tensor:

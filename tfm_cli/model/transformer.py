@@ -15,6 +15,7 @@ from torch import nn
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
+from tfm_cli.model.dropout import Dropout
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
 
@@ -92,7 +93,7 @@ class Transformer(nn.Module):
             nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
             nn.init.zeros_(embedding.weight[config.pad_id])
         self.register_buffer("positions", sinusoidal_table(config.max_positions, d_model), persistent=False)
-        self.embed_dropout = nn.Dropout(config.dropout)
+        self.embed_dropout = Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_dec_layers))
         # Pre-norm leaves the residual stream unnormalised, so it needs one final LayerNorm per stack.
