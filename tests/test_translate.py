@@ -35,12 +35,13 @@ def translate_all(translator: Translator, lines: list[str]) -> list[tuple[str, f
     return [(r.outputs[0].text, r.outputs[0].raw_score) if r.outputs else ("", 0.0) for r in results]
 
 
-def test_batched_translation_equals_one_at_a_time_on_real_sentences(model_path, test_lines):
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_batched_translation_equals_one_at_a_time_on_real_sentences(model_path, test_lines, beam_size):
     # 200 Multi30k sentences: all in one chunk (batches of many sentences), in odd batch sizes,
     # and one sentence per chunk. Translations and their float scores must be identical.
     loaded = load_model(model_path)
     lines = test_lines[:200]
-    decode = DecodeConfig(beam_size=4)
+    decode = DecodeConfig(beam_size=beam_size)
     batched = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=200)), lines)
     odd = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=67, batch_size=3)), lines)
     alone = translate_all(Translator(loaded, decode, BatchingConfig(buffer_size=1)), lines)

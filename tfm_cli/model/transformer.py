@@ -16,6 +16,7 @@ from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
 from tfm_cli.model.dropout import Dropout
+from tfm_cli.model.kernels import linear
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
 
@@ -150,7 +151,7 @@ class Transformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., D) -> logits (..., V) over the target vocabulary."""
-        return self.output_proj(hidden)
+        return linear(hidden, self.output_proj.weight)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src: (B, S), tgt_in: (B, T) int64 -> logits (B, T, V)."""
@@ -161,7 +162,9 @@ class Transformer(nn.Module):
         cross_caches = []
         for layer in self.decoder_layers:
             keys, values = layer.cross_attn.project_memory(encoded.memory)
-            cross_caches.append(KeyValueCache(keys, values))
+            # Contiguous, as every later `select` leaves them: the attention products then take the
+            # same kernel (the same rounding) whether or not the rows were ever selected.
+            cross_caches.append(KeyValueCache(keys.contiguous(), values.contiguous()))
         return DecoderState(
             memory_mask=encoded.src_mask[:, None, None, :],
             self_caches=[SelfAttentionCache() for _ in self.decoder_layers],
