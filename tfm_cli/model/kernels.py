@@ -1,10 +1,10 @@
-"""Linear layers that multiply through oneDNN when running inference on a CPU, and through torch's default otherwise.
+"""The output projection's matrix product in CPU inference, through oneDNN instead of torch's default (MKL).
 
-torch multiplies float32 matrices on the CPU with MKL. For the decoder's small-row products, on the
-AVX2 machines tfm was benchmarked on, oneDNN (which torch also ships, and which CTranslate2 uses on
-such CPUs) is faster: the output projection (rows x d_model times d_model x vocab, a quarter of
-beam search) ran ~20% faster in beam search (bench/RESULTS.md). Training keeps torch's own path
-(autograd), as do GPUs and any torch build without oneDNN.
+On the AVX2 CPUs tfm was benchmarked on, oneDNN (shipped inside torch; CTranslate2 picks it on such
+CPUs) multiplies the decoder's rows x d_model by d_model x vocab product faster than MKL: in beam
+search with the Multi30k model it took 1.22 s instead of 1.52 s (bench/profile_search.py). The same switch for every other linear layer made beam
+search slower (0.86x), so only the output projection uses it. Training (autograd), GPUs and torch
+builds without oneDNN keep F.linear.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
 @functools.cache
@@ -22,11 +21,12 @@ def onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias, like F.linear: x (..., in), weight (out, in), bias (out,) -> (..., out).
+def inference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T, like F.linear without a bias: x (..., in), weight (out, in) -> (..., out).
 
-    Without autograd, on CPU float32 tensors, the product runs through oneDNN. Its rounding does not
-    depend on the number of rows from 2 rows on, which batch-invariant search relies on (search.py).
+    Without autograd, on CPU float32 tensors, the product runs through oneDNN. Its rounding of a row
+    does not depend on how many rows share the call (checked from 2 to 1,300 rows), which the
+    batch-invariant searches rely on (search.py).
     """
     if (
         torch.is_grad_enabled()
@@ -35,13 +35,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         or weight.dtype != torch.float32
         or not onednn_linear_available()
     ):
-        return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state-dict names) whose forward is `linear` above."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., in_features) -> (..., out_features)."""
-        return linear(x, self.weight, self.bias)
+        return F.linear(x, weight)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")

@@ -16,7 +16,7 @@ from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
 from tfm_cli.model.dropout import Dropout
-from tfm_cli.model.kernels import linear
+from tfm_cli.model.kernels import inference_linear
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
 
@@ -151,7 +151,7 @@ class Transformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., D) -> logits (..., V) over the target vocabulary."""
-        return linear(hidden, self.output_proj.weight)
+        return inference_linear(hidden, self.output_proj.weight)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src: (B, S), tgt_in: (B, T) int64 -> logits (B, T, V)."""
