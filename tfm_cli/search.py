@@ -193,9 +193,14 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
             not_eos[vocab_eos] = False
             log_probs = log_probs.masked_fill(closing & not_eos, float("-inf"))
-        candidates = (scores.view(-1, 1) + log_probs).view(n_alive, width * vocab)
-        top_scores, top_ids = candidates.topk(min(2 * beam, width * vocab), dim=1)  # (n, 2k), best first
-        top_beams, top_tokens = top_ids // vocab, top_ids % vocab
+        # The best 2k of a sentence's width * V candidates are among the best 2k of each of its rows,
+        # so each row is cut to its best 2k first and only those get the row's score added.
+        row_best, row_tokens = log_probs.topk(min(2 * beam, vocab), dim=1)  # (R, c) each
+        per_row = row_best.size(1)
+        candidates = (scores.view(-1, 1) + row_best).view(n_alive, width * per_row)
+        top_scores, top_ids = candidates.topk(min(2 * beam, width * per_row), dim=1)  # (n, 2k), best first
+        top_beams = top_ids // per_row
+        top_tokens = row_tokens.view(n_alive, width * per_row).gather(1, top_ids)
         is_eos = top_tokens == vocab_eos
         closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
         if bool(closing_eos.any()):
