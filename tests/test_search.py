@@ -162,3 +162,20 @@ def test_decode_config_names_bad_values():
         DecodeConfig(sample=True, sample_top_p=0.0)
     with pytest.raises(TfmError, match="temperature"):
         DecodeConfig(temperature=0.0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_stopping_a_sentence_early_changes_no_result(trained, monkeypatch, alpha):
+    # beam_search stops a sentence once no live beam can reach its n best (sentence_is_decided);
+    # without that rule it runs until `beam` hypotheses are finished, as fairseq. Both must
+    # return the same n-best lists, tokens and float scores alike.
+    loaded, sources = trained
+    length = max({len(s) for s in sources}, key=lambda n: sum(len(s) == n for s in sources))
+    src = torch.tensor([s for s in sources if len(s) == length])
+    for nbest in (1, 3):
+        config = DecodeConfig(beam_size=5, nbest=nbest, length_penalty=alpha)
+        early = beam_search(loaded.model, src, config)
+        with monkeypatch.context() as patch:
+            patch.setattr("tfm_cli.search.sentence_is_decided", lambda *args: False)
+            full = beam_search(loaded.model, src, config)
+        assert [[(h.tokens, h.score) for h in hyps] for hyps in early] == [[(h.tokens, h.score) for h in hyps] for hyps in full]
