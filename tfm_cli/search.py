@@ -220,8 +220,6 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
             if at_limit[index] or len(hypotheses) >= beam:
                 done.append(True)
-            elif not hypotheses:
-                done.append(False)
             else:
                 reachable = best_possible_score(best_live[index], step + 2, max_lengths[sentence] + 1, alpha)
                 done.append(sentence_is_decided(hypotheses, config.nbest, reachable, alpha))

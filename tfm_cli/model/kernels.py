@@ -2,9 +2,9 @@
 
 On the AVX2 CPUs tfm was benchmarked on, oneDNN (shipped inside torch; CTranslate2 picks it on such
 CPUs) multiplies the decoder's rows x d_model by d_model x vocab product faster than MKL: in beam
-search with the Multi30k model it took 1.22 s instead of 1.52 s (bench/profile_search.py). The same switch for every other linear layer made beam
-search slower (0.86x), so only the output projection uses it. Training (autograd), GPUs and torch
-builds without oneDNN keep F.linear.
+search with the Multi30k model it took 1.22 s instead of 1.52 s (bench/profile_search.py). The same
+switch for every other linear layer made beam search slower (0.86x), so only the output projection
+uses it. Training (autograd), GPUs and torch builds without oneDNN keep F.linear.
 """
 
 from __future__ import annotations
