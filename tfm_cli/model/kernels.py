@@ -1,10 +1,14 @@
-"""The output projection's matrix product in CPU inference, through oneDNN instead of torch's default (MKL).
+"""Linear layers whose CPU inference runs through oneDNN with weights packed once, instead of MKL.
 
-On the AVX2 CPUs tfm was benchmarked on, oneDNN (shipped inside torch; CTranslate2 picks it on such
-CPUs) multiplies the decoder's rows x d_model by d_model x vocab product faster than MKL: in beam
-search with the Multi30k model it took 1.22 s instead of 1.52 s (bench/profile_search.py). The same
-switch for every other linear layer made beam search slower (0.86x), so only the output projection
-uses it. Training (autograd), GPUs and torch builds without oneDNN keep F.linear.
+Decoding multiplies a few dozen to a few hundred rows by each weight matrix per step. torch's
+default CPU path (MKL's sgemm) re-packs the weight on every call, which at these row counts costs
+about as much as the multiply itself; oneDNN (shipped inside torch, and what CTranslate2 uses on
+such CPUs) can pack a weight once into its blocked layout and reuse it. A second reason: a row's
+result from the packed oneDNN product does not depend on how many rows share the call, while MKL's
+differs for calls of fewer than 12 rows (checked in tests/test_kernels.py), and the searches must not
+depend on batch composition (search.py).
+
+Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN use F.linear.
 """
 
 from __future__ import annotations
@@ -13,27 +17,56 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 @functools.cache
 def onednn_linear_available() -> bool:
-    """True when this torch build has oneDNN and its linear operator (torch.ops.mkldnn._linear_pointwise)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """True when this torch build has oneDNN's linear operators (torch.ops.mkldnn._linear_pointwise)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
-def inference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T, like F.linear without a bias: x (..., in), weight (out, in) -> (..., out).
+def uses_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x @ weight.T should run through the packed oneDNN product: CPU float32 inference only.
 
-    Without autograd, on CPU float32 tensors, the product runs through oneDNN. Its rounding of a row
-    does not depend on how many rows share the call (checked from 2 to 1,300 rows), which the
-    batch-invariant searches rely on (search.py).
+    Inference tensors (made under torch.inference_mode) have no version counter to tell when they
+    change, so weights made that way keep F.linear.
     """
-    if (
-        torch.is_grad_enabled()
-        or x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or weight.dtype != torch.float32
-        or not onednn_linear_available()
-    ):
-        return F.linear(x, weight)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return (
+        not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not weight.is_inference()
+        and onednn_linear_available()
+    )
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) that packs its weight for oneDNN in CPU inference.
+
+    The packed copy is made on the first inference call and made again whenever the weight has
+    changed since (an optimizer step, a load_state_dict, a move to another device). With `relu`,
+    the layer computes max(0, x W^T + b), fused into the product on the packed path.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, relu: bool = False) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.relu = relu
+        self.packed_weight: torch.Tensor | None = None
+        self.packed_from: tuple[int, int] | None = None  # (data_ptr, version) of the weight it was packed from
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in_features) -> (..., out_features), x @ weight.T + bias (then ReLU, if asked)."""
+        if not uses_packed_path(x, self.weight):
+            output = F.linear(x, self.weight, self.bias)
+            return F.relu(output) if self.relu else output
+        weight_id = (self.weight.data_ptr(), self.weight._version)
+        if self.packed_from != weight_id:
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            self.packed_from = weight_id
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "relu" if self.relu else "none", [], "")

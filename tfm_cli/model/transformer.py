@@ -16,7 +16,7 @@ from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
 from tfm_cli.model.dropout import Dropout
-from tfm_cli.model.kernels import inference_linear
+from tfm_cli.model.kernels import Linear
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
 
@@ -100,7 +100,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream unnormalised, so it needs one final LayerNorm per stack.
         self.encoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
         self.decoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        self.output_proj = nn.Linear(d_model, config.tgt_vocab_size, bias=False)
+        self.output_proj = Linear(d_model, config.tgt_vocab_size, bias=False)
         if config.share_embeddings or config.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
         else:
@@ -151,7 +151,7 @@ class Transformer(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., D) -> logits (..., V) over the target vocabulary."""
-        return inference_linear(hidden, self.output_proj.weight)
+        return self.output_proj(hidden)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src: (B, S), tgt_in: (B, T) int64 -> logits (B, T, V)."""
