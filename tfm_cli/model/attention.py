@@ -100,12 +100,14 @@ def attention_weights(
     Returns (B, H, T, S) float weights; each unmasked row sums to 1.
     """
     # Section 3.2.1: scale by 1/sqrt(d_k) so large d_k does not push softmax into tiny gradients.
-    scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.size(-1))  # (B, H, T, S)
+    # The scaling and masking work in place: `scores` is a fresh tensor that autograd does not keep,
+    # and decoding runs this once per layer and step, where every allocation shows.
+    scores = (queries @ keys.transpose(-2, -1)).div_(math.sqrt(queries.size(-1)))  # (B, H, T, S)
     if is_causal:
         causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
         mask = causal if mask is None else mask & causal
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores.masked_fill_(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -130,7 +132,7 @@ def attend(
         )
         return output, None
     weights = attention_weights(queries, keys, mask, is_causal)
-    return F.dropout(weights, dropout, training=dropout > 0) @ values, weights
+    return (F.dropout(weights, dropout) if dropout > 0 else weights) @ values, weights
 
 
 def init_fused_projection(linear: nn.Linear, n_parts: int) -> None:
