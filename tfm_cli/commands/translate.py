@@ -72,6 +72,7 @@ def translate(
     """
     import torch
 
+    from tfm_cli.allocator import keep_freed_memory
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import DecodeConfig
     from tfm_cli.textio import DecodeStats, check_input_file, iter_lines, open_output, thread_stdin
@@ -84,6 +85,7 @@ def translate(
         translate_stream,
     )
 
+    keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
     if threads > 0:
         torch.set_num_threads(threads)
     if input != "-":
