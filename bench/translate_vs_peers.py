@@ -12,8 +12,10 @@ One run measures, side by side and interleaved, every engine on the same token i
 Each (OMP_WAIT_POLICY, beam, engine, repeat) runs in its own subprocess, because OpenMP reads
 OMP_WAIT_POLICY once when torch or CTranslate2 loads. The subprocess loads the model, decodes
 the first batch once as a warm-up, then times decoding of all batches (tokenization excluded).
-Reported: median of the repeats' sentences/s and target tokens/s, tfm/peer ratios, and output
-agreement with tfm (whole-sentence identical outputs).
+Reported: median of the repeats' sentences/s and target tokens/s, tfm/peer ratios (of the
+medians; and per repeat, whose runs are adjacent in time: their median and range), and output
+agreement with tfm (whole-sentence identical outputs). The engines' order flips every repeat.
+The two tfm engines start by calling tfm_cli.allocator.keep_freed_memory(), as `tfm translate` does.
 
 Fairness settings (all engines): the same sentences, tokenized once with the checkpoint's
 sentencepiece model (+ EOS), sorted by length and cut into the same batches; the same beam;
@@ -117,6 +119,10 @@ def load_engine(job: Job):
     torch.set_num_threads(job.threads)
     torch.set_num_interop_threads(1)
     workdir = Path(job.workdir)
+    if job.engine in ("tfm", "tfm-translate"):
+        from tfm_cli.allocator import keep_freed_memory
+
+        keep_freed_memory()  # what `tfm translate` does at start-up
     if job.engine == "tfm":
         from tfm_cli.checkpoint import load_model
         from tfm_cli.config import DecodeConfig
@@ -284,14 +290,17 @@ def main() -> None:
     print(f"# model {checkpoint}; {n_sentences} sentences from {args.source}; batch {args.batch_size} sentences; "
           f"max {args.max_steps} decoder steps; {args.threads} threads; median of {args.runs} runs")
     bleu_header, bleu_rule = (" BLEU |", "---|") if args.reference else ("", "")
-    print(f"| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | agreement with tfm |{bleu_header}")
-    print(f"|---|---|---|---|---|---|---|{bleu_rule}")
+    print(f"| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | per-repeat tfm / engine: "
+          f"median (min-max) | agreement with tfm |{bleu_header}")
+    print(f"|---|---|---|---|---|---|---|---|{bleu_rule}")
     for policy in args.policies.split(","):
         for beam in (int(b) for b in args.beams.split(",")):
             seconds: dict[str, list[float]] = {e: [] for e in engines}
             outputs: dict[str, dict] = {}
             for repeat in range(args.runs):
-                for engine in engines:  # interleaved, so load changes hit every engine alike
+                # Interleaved, so load changes hit every engine alike; the order flips every repeat,
+                # so no engine always runs first.
+                for engine in engines if repeat % 2 == 0 else engines[::-1]:
                     job = Job(engine, beam, args.max_steps, args.threads, str(checkpoint), str(args.source), str(args.workdir),
                               str(batches_file), str(args.workdir / f"out-{engine}.json"))
                     result = run_in_subprocess(job, policy)
@@ -302,10 +311,13 @@ def main() -> None:
             for engine in engines:
                 tokens = target_tokens(outputs[engine], args.max_steps)
                 ratio = median[engine] / median["tfm"] if "tfm" in median else float("nan")
+                # The same ratio per repeat (the two runs were minutes apart at most): median, min-max.
+                paired = sorted(e / t for e, t in zip(seconds[engine], seconds["tfm"])) if "tfm" in seconds else []
+                paired_text = f"{statistics.median(paired):.2f} ({paired[0]:.2f}-{paired[-1]:.2f})" if paired else "-"
                 agree = agreement(outputs["tfm"], outputs[engine], args.max_steps) if "tfm" in outputs else float("nan")
                 bleu = f" {corpus_bleu(checkpoint, outputs[engine], args.reference):.2f} |" if args.reference else ""
                 print(f"| {policy} | {beam} | {engine} | {n_sentences / median[engine]:.1f} | "
-                      f"{tokens / median[engine]:.0f} | {ratio:.2f} | {agree:.1f}% |{bleu}", flush=True)
+                      f"{tokens / median[engine]:.0f} | {ratio:.2f} | {paired_text} | {agree:.1f}% |{bleu}", flush=True)
 
 
 if __name__ == "__main__":
