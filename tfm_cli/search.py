@@ -19,11 +19,9 @@ import torch
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import DecoderState, Transformer
 
-# F.linear on the CPU (MKL) multiplies matrices of fewer than ~12 rows with a different kernel,
-# which rounds differently: the same row then gets slightly different logits alone than in a batch.
-# kernels.Linear's packed oneDNN product does not, but F.linear remains where it does not apply
-# (other dtypes, torch builds without oneDNN), so searches still pad every step to at least this
-# many rows (copies of a real row, ignored).
+# CPU BLAS (MKL) multiplies matrices of fewer than ~12 rows with a different kernel, which rounds
+# differently: the same row then gets slightly different logits alone than in a batch. Searches
+# pad every step to at least this many rows (copies of a real row, ignored) so one kernel is used.
 MIN_STEP_ROWS = 16
 # torch's fused CPU attention kernel, for one query row per sequence, splits its work by batch size,
 # so a row's output depends on how many rows share the call; the explicit softmax(QK^T)V path

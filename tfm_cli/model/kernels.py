@@ -1,16 +1,15 @@
-"""Linear layers whose CPU inference runs through oneDNN with weights packed once, instead of MKL.
+"""The output projection's product in CPU inference: oneDNN with its weight packed once, not MKL.
 
-Decoding multiplies a few dozen to a few hundred rows by each weight matrix per step. torch's
-default CPU path (MKL's sgemm via F.linear) re-packs the weight on every call; oneDNN (shipped
-inside torch, and what CTranslate2 uses on AMD CPUs) can pack a weight once into its blocked
-layout and reuse it. Measured on the benchmark machine at 30-160 rows per call: the 256 x 8000
-output projection 1.4-3x faster than F.linear, the 1024 x 256 feed-forward layer 1.0-1.6x, the
-others about as fast; whole beam searches 1.00-1.04x faster than with only the projection through
-oneDNN, unpacked (bench/RESULTS.md). The second reason: a row's result from the packed product
-does not depend on how many rows share the call, for any count, while F.linear's differs below 12
-rows (tests/test_kernels.py), and searches must not depend on the composition of their batch
-(search.py).
+Each decoding step multiplies a few dozen to a few hundred rows by the d_model x vocabulary output
+weight. oneDNN (shipped inside torch; CTranslate2 uses it on AMD CPUs) can pack that weight once
+into its blocked layout; torch's default F.linear (MKL's sgemm) re-packs it on every call. On the
+benchmark machine the 256 x 8000 projection ran 1.4-3x faster per call than F.linear at 30-160
+rows. A row's result from the packed product does not depend on how many rows share the call
+(tests/test_kernels.py), which the batch-invariant searches need (search.py).
 
+Only the output projection uses it: packing every linear layer measured no clear speed-up in
+whole beam searches (1.00-1.05x, within the machine's noise) and raised the peak memory of
+`tfm translate -b 5` from 861 to 1,044 MiB (oneDNN keeps resources per distinct row count).
 Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN use F.linear.
 """
 
@@ -53,23 +52,20 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters, same state dict) that packs its weight for oneDNN in CPU inference.
 
     The packed copy is made on the first inference call and made again whenever the weight has
-    changed since (an optimizer step, a load_state_dict, a move to another device). With `relu`,
-    the layer computes max(0, x W^T + b), fused into the product on the packed path.
+    changed since (an optimizer step, a load_state_dict, a move to another device).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, relu: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.relu = relu
         self.packed_weight: torch.Tensor | None = None
         self.packed_from: tuple[int, int] | None = None  # (data_ptr, version) of the weight it was packed from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., in_features) -> (..., out_features), x @ weight.T + bias (then ReLU, if asked)."""
+        """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
         if not uses_packed_path(x, self.weight):
-            output = F.linear(x, self.weight, self.bias)
-            return F.relu(output) if self.relu else output
+            return F.linear(x, self.weight, self.bias)
         weight_id = (self.weight.data_ptr(), self.weight._version)
         if self.packed_from != weight_id:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
             self.packed_from = weight_id
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "relu" if self.relu else "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

@@ -11,7 +11,6 @@ from torch import nn
 from tfm_cli.config import ModelConfig
 from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
 from tfm_cli.model.dropout import Dropout
-from tfm_cli.model.kernels import Linear
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
@@ -31,9 +30,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float) -> None:
         super().__init__()
-        self.linear1 = Linear(d_model, d_ff, relu=activation == "relu")
-        self.linear2 = Linear(d_ff, d_model)
-        self.gelu = activation == "gelu"
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = F.relu if activation == "relu" else F.gelu
         self.activation_dropout = Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)
@@ -41,10 +40,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, T, D) -> (B, T, D)."""
-        hidden = self.linear1(x)  # ReLU already applied by linear1 when activation == "relu"
-        if self.gelu:
-            hidden = F.gelu(hidden)
-        return self.linear2(self.activation_dropout(hidden))
+        return self.linear2(self.activation_dropout(self.activation(self.linear1(x))))
 
 
 class Sublayer(nn.Module):
