@@ -5,11 +5,11 @@ self-attention caches, the layers' outputs), most of them the same size as the s
 By default glibc serves a block of that size with a fresh mmap and gives it back to the kernel
 on free, and it returns the top of its heap to the kernel when a lot is free there; each new block
 is then page-faulted and zeroed again. For beam search on the Multi30k model that was ~100,000
-extra page faults per 400 sentences and 5-10% of the time (bench/RESULTS.md). The settings below
+extra page faults per 400 sentences and about 4% of the time (bench/RESULTS.md). The settings below
 keep blocks up to 32 MiB in the heap and never shrink it: the peak memory stays the same, but the
 process keeps it until it exits.
 
-CTranslate2 gets the same effect from MKL's own allocator; torch's CPU allocator calls malloc.
+torch's CPU allocator calls malloc directly and keeps no cache of its own.
 """
 
 from __future__ import annotations
