@@ -28,8 +28,8 @@ def keep_freed_memory() -> bool:
     """Ask the C library's malloc to reuse freed blocks instead of returning them to the kernel.
 
     Changes the whole process's allocator; call it once from a command, not from library code.
-    Returns True when glibc accepted both settings, False where there is no glibc `mallopt`
-    (macOS, musl accepts and ignores them) and nothing changed.
+    Returns True when glibc accepted both settings; False elsewhere (macOS has no `mallopt`,
+    musl's rejects them), and then nothing changed.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
