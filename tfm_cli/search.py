@@ -100,20 +100,29 @@ def greedy_search(model: Transformer, src: torch.Tensor, max_len_a: float = 1.5,
     return [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, finished)]
 
 
-def padded_rows(rows: torch.Tensor) -> torch.Tensor:
-    """rows: (R,) int64 state rows to keep -> (max(R, MIN_STEP_ROWS),): padded with copies of rows[0]."""
+def padded_rows(rows: torch.Tensor, group_width: int = 1) -> torch.Tensor:
+    """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= MIN_STEP_ROWS.
+
+    Pads with copies of the first group (whole groups, so the state's grouping still holds);
+    returns `rows` itself when it is long enough.
+    """
     missing = MIN_STEP_ROWS - rows.numel()
     if missing <= 0:
         return rows
-    return torch.cat([rows, rows[:1].expand(missing)])
+    copies = -(-missing // group_width)  # ceil: whole groups
+    return torch.cat([rows, rows[:group_width].repeat(copies)])
 
 
-def start_search(model: Transformer, src: torch.Tensor, rows_per_sentence: int) -> tuple[DecoderState, torch.Tensor]:
+def start_search(
+    model: Transformer, src: torch.Tensor, rows_per_sentence: int, grouped: bool
+) -> tuple[DecoderState, torch.Tensor]:
     """Encode `src` once and return a decoder state with `rows_per_sentence` rows per sentence.
 
     src: (N, S) int64. Returns (state with at least MIN_STEP_ROWS rows, sentence-major: rows
-    i*k .. i*k+k-1 belong to sentence i; src_lengths (N,) int64 counting the source EOS). The
-    encoder also runs on at least MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
+    i*k .. i*k+k-1 belong to sentence i; src_lengths (N,) int64 counting the source EOS). With
+    `grouped`, a sentence's k rows form one group of the state (they share one copy of its memory
+    keys/values, see DecoderState) and must stay together. The encoder also runs on at least
+    MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
     """
     n_sentences, src_len = src.shape
     extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences)  # ceil(MIN_STEP_ROWS / S) sentences at least
@@ -122,7 +131,8 @@ def start_search(model: Transformer, src: torch.Tensor, rows_per_sentence: int) 
     # Cross-attention keys/values are computed once per sentence, then copied to its rows.
     state = model.start_decoding(encoded)
     rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
-    state.select(padded_rows(rows))
+    group_width = rows_per_sentence if grouped else 1
+    state.select(padded_rows(rows, group_width), group_width)
     return state, encoded.src_mask[:n_sentences].sum(1)
 
 
@@ -169,7 +179,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
     width = 1 if model.config.tgt_vocab_size >= 2 * beam else beam  # live rows per sentence; `beam` after step 1
-    state, src_lengths = start_search(model, src, width)
+    state, src_lengths = start_search(model, src, width, grouped=True)
     limit = model.config.max_positions - 2  # BOS takes a position; at most max_positions - 1 outputs with EOS
     max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit).tolist()
     alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
@@ -183,7 +193,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
     step = 0
     while alive:
         n_alive = len(alive)
-        logits = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * width]
+        logits = model.decode_step(padded_rows(tokens, width), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * width]
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
@@ -235,7 +245,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             next_scores = next_scores.index_select(0, keep_index)
             next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
-        state.select(padded_rows(next_rows))
+        state.select(padded_rows(next_rows, beam), beam)  # a sentence's beams share its memory cache
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
         scores, tokens, width = next_scores, next_tokens, beam
         step += 1
@@ -274,7 +284,7 @@ def sample_search(
     eos = model.config.eos_id
     per_sentence = config.nbest
     device = src.device
-    state, src_lengths = start_search(model, src, per_sentence)
+    state, src_lengths = start_search(model, src, per_sentence, grouped=False)  # samples end one by one
     limit = model.config.max_positions - 2
     max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit)
     n_rows = src.size(0) * per_sentence

@@ -203,7 +203,10 @@ class CrossAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), mask: (B, 1, 1, S). Returns ((B, T, D), (B, H, T, S) or None).
 
-        With a filled `cache`, the memory's keys/values come from it and `memory` may be None.
+        With a filled `cache`, the memory's keys/values come from it and `memory` may be None. A
+        cache may hold G = B / w entries, one per group of w consecutive rows of x (the beams of one
+        sentence share their source): `mask` is then (G, 1, 1, S) and each group's w rows are
+        multiplied with their keys in one product, so the cache is neither copied per row nor read w times.
         """
         if cache is not None and cache.keys is not None:
             keys, values = cache.keys, cache.values
@@ -211,7 +214,24 @@ class CrossAttention(nn.Module):
             keys, values = self.project_memory(memory)
             if cache is not None:
                 cache.keys, cache.values = keys, values
+        batch, length, d_model = x.shape
+        groups = keys.size(0)
+        group_width = batch // groups
         queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        if group_width > 1:
+            # (B, H, T, Dh) -> (G, w, H, T, Dh) -> (G, H, w, T, Dh) -> (G, H, w*T, Dh)
+            queries = queries.view(groups, group_width, self.n_heads, length, -1).transpose(1, 2)
+            queries = queries.reshape(groups, self.n_heads, group_width * length, -1)
         dropout = self.dropout if self.training else 0.0
         output, weights = attend(queries, keys, values, mask, False, dropout, need_weights)
-        return self.out_proj(merge_heads(output)), weights
+        if group_width > 1:
+            # (G, H, w*T, Dh) -> (G, H, w, T, Dh) -> (G, w, T, H, Dh) -> (B, T, D)
+            output = output.view(groups, self.n_heads, group_width, length, -1).permute(0, 2, 3, 1, 4)
+            attended = output.reshape(batch, length, d_model)
+            if weights is not None:
+                # (G, H, w*T, S) -> (G, w, H, T, S) -> (B, H, T, S)
+                weights = weights.view(groups, self.n_heads, group_width, length, -1).transpose(1, 2)
+                weights = weights.reshape(batch, self.n_heads, length, -1)
+        else:
+            attended = merge_heads(output)
+        return self.out_proj(attended), weights

@@ -40,33 +40,56 @@ class Decoded:
 
 @dataclass
 class DecoderState:
-    """Everything incremental decoding keeps between steps, for a batch of B hypotheses."""
+    """Everything incremental decoding keeps between steps, for a batch of B hypotheses (rows).
 
-    memory_mask: torch.Tensor  # (B, 1, 1, S) bool
+    Rows come in G groups of `group_width` consecutive rows that decode the same source sentence
+    (the beams of a sentence); the cross-attention caches and the memory mask hold one entry per
+    group, not per row, so a beam search keeps one copy of each sentence's memory keys/values.
+    """
+
+    memory_mask: torch.Tensor  # (G, 1, 1, S) bool
     self_caches: list[SelfAttentionCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
-    cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (B, H, S, Dh), fixed
-    memory_rows: torch.Tensor  # (B,) int64: the encoded sentence whose memory row b's cross caches hold
+    cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (G, H, S, Dh), fixed
+    group_sentences: torch.Tensor  # (G,) int64: the encoded sentence of each group
+    group_width: int = 1  # rows per group w; B = G * w
     position: int = 0  # number of target tokens decoded so far
 
-    def select(self, indices: torch.Tensor) -> None:
-        """Keep hypotheses `indices` (B',) int64, in that order: beam reordering and dropping finished rows."""
-        if indices.numel() == self.batch_size and torch.equal(indices, torch.arange(self.batch_size, device=indices.device)):
+    def select(self, indices: torch.Tensor, group_width: int = 1) -> None:
+        """Keep rows `indices` (B',) int64, in that order: beam reordering and dropping finished rows.
+
+        The kept rows form groups of `group_width` consecutive rows; every row of a group must come
+        from the same sentence (a ValueError otherwise). Returns nothing; the state changes in place.
+        """
+        if indices.numel() % group_width:
+            raise ValueError(f"{indices.numel()} rows do not split into groups of {group_width}")
+        unchanged = (
+            group_width == self.group_width
+            and indices.numel() == self.batch_size
+            and torch.equal(indices, torch.arange(self.batch_size, device=indices.device))
+        )
+        if unchanged:
             return  # nothing moves (greedy steps, beam steps that keep every beam in place)
         for cache in self.self_caches:
             cache.select(indices)
-        memory_rows = self.memory_rows.index_select(0, indices)
-        # A beam reorder keeps every row on its own sentence, so the cross-attention keys/values
-        # (the largest cache) are already in place: copying them each step cost as much as the step's matmuls.
-        if not torch.equal(memory_rows, self.memory_rows):
-            self.memory_mask = self.memory_mask.index_select(0, indices)
+        source_groups = indices // self.group_width  # (B',) the old group of each kept row
+        row_sentences = self.group_sentences.index_select(0, source_groups)  # (B',)
+        first_rows = source_groups.view(-1, group_width)[:, 0]  # (G',) the old group each new group copies
+        group_sentences = row_sentences.view(-1, group_width)[:, 0]  # (G',)
+        if group_width > 1 and not torch.equal(row_sentences, group_sentences.repeat_interleave(group_width)):
+            raise ValueError(f"a group of {group_width} rows mixes sentences")
+        # A beam reorder keeps every group on its own sentence, so the cross-attention keys/values
+        # (the largest cache) stay in place: copying them each step cost as much as the step's matmuls.
+        if not torch.equal(group_sentences, self.group_sentences):
+            self.memory_mask = self.memory_mask.index_select(0, first_rows)
             for cache in self.cross_caches:
-                cache.select(indices)
-        self.memory_rows = memory_rows
+                cache.select(first_rows)
+        self.group_sentences = group_sentences
+        self.group_width = group_width
 
     @property
     def batch_size(self) -> int:
-        """The number of hypotheses B the state currently holds."""
-        return self.memory_mask.size(0)
+        """The number of hypotheses (rows) B the state currently holds."""
+        return self.group_sentences.numel() * self.group_width
 
 
 @dataclass
@@ -169,7 +192,7 @@ class Transformer(nn.Module):
             memory_mask=encoded.src_mask[:, None, None, :],
             self_caches=[SelfAttentionCache() for _ in self.decoder_layers],
             cross_caches=cross_caches,
-            memory_rows=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
+            group_sentences=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
         )
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState, need_weights: bool = False) -> StepOutput:
