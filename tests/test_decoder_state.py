@@ -6,6 +6,7 @@ touches the incremental state.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import tiny_config
@@ -47,3 +48,51 @@ def test_reorders_within_and_across_sentences_match_full_decoding():
         full = model.project(model.decode(torch.tensor(prefixes), model.encode(rows_src)).hidden[:, -1])
     assert state.cross_caches[0].keys.size(0) == 2
     torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_rows_share_one_cross_cache_per_sentence_and_match_full_decoding():
+    """Beam search keeps a sentence's beams as one group: one cross-attention cache entry per sentence."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src = torch.randint(4, 40, (3, 6))
+    src[1, 3:] = 0  # padding in one sentence: its memory mask must follow its group
+    beam = 2
+    with torch.inference_mode():
+        state = model.start_decoding(model.encode(src))
+        state.select(torch.arange(3).repeat_interleave(beam), group_width=beam)  # rows 0-1, 2-3, 4-5
+        cross_keys = state.cross_caches[0].keys
+        assert cross_keys.size(0) == 3  # not copied per row
+        sentence_of_row = [0, 0, 1, 1, 2, 2]
+        prefixes = [[model.config.bos_id] for _ in range(6)]
+        tokens = torch.full((6,), model.config.bos_id)
+        # Steps 1-2: beams move within their sentence; step 3: sentence 0 leaves; step 4: the last
+        # sentence is padded with a copy of its group, as search.padded_rows does.
+        reorders = [
+            torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([0, 1, 3, 3, 4, 4]),
+            torch.tensor([2, 3, 4, 5]), torch.tensor([2, 3, 2, 3]),
+        ]
+        for step, order in enumerate(reorders):
+            logits = model.decode_step(tokens, state).logits
+            chosen = logits.argmax(-1)
+            prefixes = [prefixes[row] + [int(chosen[row])] for row in range(len(prefixes))]
+            state.select(order, group_width=beam)
+            if step < 2:
+                assert state.cross_caches[0].keys is cross_keys  # within-sentence moves copy nothing
+            prefixes = [prefixes[i] for i in order.tolist()]
+            sentence_of_row = [sentence_of_row[i] for i in order.tolist()]
+            tokens = chosen[order]
+        logits = model.decode_step(tokens, state).logits  # (4, V): sentence 2's two beams, twice
+        assert state.cross_caches[0].keys.size(0) == 2
+        full = model.project(model.decode(torch.tensor(prefixes), model.encode(src[torch.tensor(sentence_of_row)])).hidden[:, -1])
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_that_mixes_sentences_is_refused():
+    model = Transformer(tiny_config()).eval()
+    with torch.inference_mode():
+        state = model.start_decoding(model.encode(torch.randint(4, 40, (2, 5))))
+        state.select(torch.arange(2).repeat_interleave(2), group_width=2)
+        with pytest.raises(ValueError, match="mixes sentences"):
+            state.select(torch.tensor([1, 2, 0, 3]), group_width=2)
+        with pytest.raises(ValueError, match="groups of 2"):
+            state.select(torch.tensor([0, 1, 2]), group_width=2)

@@ -31,48 +31,46 @@ class KeyValueCache:
 
 
 class SelfAttentionCache:
-    """The self-attention keys/values of the steps decoded so far, in buffers with room to grow.
+    """The self-attention keys/values of the steps decoded so far, in one buffer with room to grow.
 
-    Buffers are (B, H, capacity, Dh); the first `length` positions are filled. Appending a step
-    writes in place (no copy of the earlier steps), and `select` gathers only the filled part, so
-    incremental decoding copies the cache at most once per step (beam reorder) instead of twice.
+    The buffer is (2, B, H, capacity, Dh): keys at [0], values at [1]; the first `length` positions
+    are filled. Keys and values live in one tensor so that a step appends them with one copy and a
+    beam reorder gathers them with one index_select: decoding does this for every layer at every
+    step, where the number of operations counts as much as their size. Appending writes in place
+    (no copy of the earlier steps), and `select` gathers only the filled part.
     """
 
     def __init__(self) -> None:
-        self.key_buffer: torch.Tensor | None = None
-        self.value_buffer: torch.Tensor | None = None
+        self.buffer: torch.Tensor | None = None
         self.length = 0
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add keys/values (B, H, T, Dh) after the cached ones; returns all of them, (B, H, length, Dh) each."""
-        new_length = self.length + keys.size(2)
-        if self.key_buffer is None or new_length > self.key_buffer.size(2):
-            self.grow(keys, max(new_length, 2 * self.length, 16))
-        self.key_buffer[:, :, self.length : new_length] = keys
-        self.value_buffer[:, :, self.length : new_length] = values
+    def append(self, keys_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add new keys/values (2, B, H, T, Dh) after the cached ones.
+
+        Returns all keys and all values so far, (B, H, length, Dh) each (views of the buffer).
+        """
+        new_length = self.length + keys_values.size(3)
+        if self.buffer is None or new_length > self.buffer.size(3):
+            self.grow(keys_values, max(new_length, 2 * self.length, 16))
+        self.buffer[:, :, :, self.length : new_length] = keys_values
         self.length = new_length
-        return self.key_buffer[:, :, :new_length], self.value_buffer[:, :, :new_length]
+        return self.buffer[0, :, :, :new_length], self.buffer[1, :, :, :new_length]
 
     def grow(self, like: torch.Tensor, capacity: int) -> None:
-        """Move the filled part into new buffers of `capacity` positions shaped like `like` (B, H, *, Dh)."""
-        batch, n_heads, _, head_dim = like.shape
-        key_buffer = like.new_empty((batch, n_heads, capacity, head_dim))
-        value_buffer = like.new_empty((batch, n_heads, capacity, head_dim))
-        if self.key_buffer is not None:
-            key_buffer[:, :, : self.length] = self.key_buffer[:, :, : self.length]
-            value_buffer[:, :, : self.length] = self.value_buffer[:, :, : self.length]
-        self.key_buffer, self.value_buffer = key_buffer, value_buffer
+        """Move the filled part into a new buffer of `capacity` positions shaped like `like` (2, B, H, *, Dh)."""
+        two, batch, n_heads, _, head_dim = like.shape
+        buffer = like.new_empty((two, batch, n_heads, capacity, head_dim))
+        if self.buffer is not None:
+            buffer[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
+        self.buffer = buffer
 
     def select(self, indices: torch.Tensor) -> None:
         """Keep batch rows `indices` (B',) in this order (beam reordering, dropping finished rows)."""
-        if self.key_buffer is None:
+        if self.buffer is None:
             return
-        buffers = []
-        for buffer in (self.key_buffer, self.value_buffer):
-            selected = buffer.new_empty((indices.numel(), *buffer.shape[1:]))
-            torch.index_select(buffer[:, :, : self.length], 0, indices, out=selected[:, :, : self.length])
-            buffers.append(selected)
-        self.key_buffer, self.value_buffer = buffers
+        selected = self.buffer.new_empty((2, indices.numel(), *self.buffer.shape[2:]))
+        torch.index_select(self.buffer[:, :, :, : self.length], 1, indices, out=selected[:, :, :, : self.length])
+        self.buffer = selected
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -165,10 +163,15 @@ class SelfAttention(nn.Module):
         With `cache`, x holds only the new step(s): their keys/values are appended to the cache and
         the queries attend to everything cached, so no causal mask is needed.
         """
-        queries, keys, values = self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
-        queries, keys, values = (split_heads(t, self.n_heads) for t in (queries, keys, values))
+        projected = self.qkv_proj(x)  # (B, T, 3D): queries, keys, values side by side
+        batch, length, _ = x.shape
+        queries = split_heads(projected[..., : x.size(-1)], self.n_heads)  # (B, H, T, Dh)
+        # (B, T, 2D) -> (B, T, 2, H, Dh) -> (2, B, H, T, Dh): keys at [0], values at [1]
+        keys_values = projected[..., x.size(-1) :].view(batch, length, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)
         if cache is not None:
-            keys, values = cache.append(keys, values)  # (B, H, t + T, Dh) each
+            keys, values = cache.append(keys_values)  # (B, H, t + T, Dh) each
+        else:
+            keys, values = keys_values.unbind(0)
         dropout = self.dropout if self.training else 0.0
         output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights)
         return self.out_proj(merge_heads(output)), weights
