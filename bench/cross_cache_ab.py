@@ -28,6 +28,7 @@ from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import DecoderState
 from tfm_cli.search import beam_search
+from translate_vs_peers import padded
 
 GROUPED_SELECT = DecoderState.select
 
@@ -51,11 +52,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = load_model(args.model).model
     config = DecodeConfig(beam_size=5, length_penalty=0.0, max_len_a=0.0, max_len_b=args.max_steps - 1)
-    sources = []
-    for batch in json.loads((args.workdir / "batches.json").read_text())[: args.batches]:
-        rows = [ids for _, ids in batch]
-        width = max(map(len, rows))
-        sources.append(torch.tensor([row + [model.config.pad_id] * (width - len(row)) for row in rows]))
+    batches = json.loads((args.workdir / "batches.json").read_text())[: args.batches]
+    sources = [padded([ids for _, ids in batch], model.config.pad_id) for batch in batches]
     variants = {"per-row": per_row_select, "grouped": GROUPED_SELECT}
     seconds = {name: [] for name in variants}
     outputs = {name: [] for name in variants}

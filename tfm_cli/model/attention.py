@@ -164,10 +164,10 @@ class SelfAttention(nn.Module):
         the queries attend to everything cached, so no causal mask is needed.
         """
         projected = self.qkv_proj(x)  # (B, T, 3D): queries, keys, values side by side
-        batch, length, _ = x.shape
-        queries = split_heads(projected[..., : x.size(-1)], self.n_heads)  # (B, H, T, Dh)
+        batch, length, d_model = x.shape
+        queries = split_heads(projected[..., :d_model], self.n_heads)  # (B, H, T, Dh)
         # (B, T, 2D) -> (B, T, 2, H, Dh) -> (2, B, H, T, Dh): keys at [0], values at [1]
-        keys_values = projected[..., x.size(-1) :].view(batch, length, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        keys_values = projected[..., d_model:].view(batch, length, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)
         if cache is not None:
             keys, values = cache.append(keys_values)  # (B, H, t + T, Dh) each
         else:
