@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tfm_cli.model.attention import CrossAttention, SelfAttention, split_heads
+from tfm_cli.model.attention import CrossAttention, SelfAttention, attend, split_heads
 
 # The seed document's "I love your dog" example (shared/seed/README.md); x W convention.
 SEED_X = [[0.12, -0.5, 1.0, 0.0, 0.45, -0.1],
@@ -136,3 +136,27 @@ def test_cross_attention_with_padding_equals_multihead_attention(padded_batch):
     torch.testing.assert_close(slow, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=0)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 5), atol=1e-6, rtol=0)
+
+
+def test_explicit_attention_rounds_a_row_the_same_in_any_batch():
+    # The searches ask for the explicit formula (decode_step's explicit_attention) because torch's
+    # fused CPU kernel, for one query per sequence on two threads, rounds a row differently with
+    # the batch size (seen with torch 2.13 on AVX2 at 160 rows). The explicit one must not.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        queries, keys, values = torch.randn(160, 4, 1, 64), torch.randn(160, 4, 12, 64), torch.randn(160, 4, 12, 64)
+        batch, weights = attend(queries, keys, values, None, False, 0.0, need_weights=False, explicit=True)
+        assert weights is None
+        for start in range(0, 160, 16):
+            rows = slice(start, start + 16)
+            alone, _ = attend(
+                queries[rows], keys[rows], values[rows], None, False, 0.0, need_weights=False, explicit=True
+            )
+            assert torch.equal(alone, batch[rows])
+        # The same output as the fused kernel, up to rounding.
+        fused, _ = attend(queries, keys, values, None, False, 0.0, need_weights=False)
+        torch.testing.assert_close(batch, fused)
+    finally:
+        torch.set_num_threads(threads)

@@ -24,8 +24,8 @@ from tfm_cli.model import DecoderState, Transformer
 # pad every step to at least this many rows (copies of a real row, ignored) so one kernel is used.
 MIN_STEP_ROWS = 16
 # torch's fused CPU attention kernel, for one query row per sequence, splits its work by batch size,
-# so a row's output depends on how many rows share the call; the explicit softmax(QK^T)V path
-# (the one that returns weights) does not. Measured with torch 2.13 on AVX2.
+# so a row's output depends on how many rows share the call; the explicit softmax(QK^T)V formula
+# (decode_step's explicit_attention) does not. Measured with torch 2.13 on AVX2.
 STEP_ATTENTION_EXPLICIT = True
 
 
@@ -193,7 +193,8 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
     step = 0
     while alive:
         n_alive = len(alive)
-        logits = model.decode_step(padded_rows(tokens, width), state, STEP_ATTENTION_EXPLICIT).logits[: n_alive * width]
+        step_output = model.decode_step(padded_rows(tokens, width), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
+        logits = step_output.logits[: n_alive * width]
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
@@ -300,7 +301,7 @@ def sample_search(
     scores = [0.0] * n_rows
     ended = [False] * n_rows
     for step in range(int(max_lengths.max()) + 1):
-        step_output = model.decode_step(padded_rows(tokens), state, STEP_ATTENTION_EXPLICIT)
+        step_output = model.decode_step(padded_rows(tokens), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
         logits = step_output.logits[: active.numel()].float()  # (b, V)
         log_probs = torch.log_softmax(logits, dim=-1)
         probs = torch.softmax(filter_logits(logits / config.temperature, config.sample_top_k, config.sample_top_p), -1)

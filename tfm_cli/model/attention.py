@@ -115,20 +115,24 @@ def attend(
     is_causal: bool,
     dropout: float,
     need_weights: bool,
+    explicit: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled dot-product attention over heads.
 
     queries (B, H, T, Dh), keys/values (B, H, S, Dh), mask broadcastable to (B, H, T, S).
-    Returns (output (B, H, T, Dh), weights (B, H, T, S) or None). Without `need_weights` it runs
-    torch's fused kernel; with it, the explicit formula, which gives the same output.
+    Returns (output (B, H, T, Dh), weights (B, H, T, S) if `need_weights` else None). It runs
+    torch's fused kernel unless `need_weights` or `explicit` asks for the explicit formula
+    softmax(QK^T / sqrt(d_k)) V, which gives the same output up to rounding; unlike the fused
+    kernel, its rounding of a row does not depend on how many rows share the call.
     """
-    if not need_weights:
+    if not (need_weights or explicit):
         output = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=is_causal
         )
         return output, None
     weights = attention_weights(queries, keys, mask, is_causal)
-    return (F.dropout(weights, dropout) if dropout > 0 else weights) @ values, weights
+    output = (F.dropout(weights, dropout) if dropout > 0 else weights) @ values
+    return output, weights if need_weights else None
 
 
 def init_fused_projection(linear: nn.Linear, n_parts: int) -> None:
@@ -157,11 +161,12 @@ class SelfAttention(nn.Module):
         is_causal: bool = False,
         cache: SelfAttentionCache | None = None,
         need_weights: bool = False,
+        explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D). Returns (output (B, T, D), weights (B, H, T, T') or None).
 
         With `cache`, x holds only the new step(s): their keys/values are appended to the cache and
-        the queries attend to everything cached, so no causal mask is needed.
+        the queries attend to everything cached, so no causal mask is needed. `explicit`: see `attend`.
         """
         projected = self.qkv_proj(x)  # (B, T, 3D): queries, keys, values side by side
         batch, length, d_model = x.shape
@@ -173,7 +178,7 @@ class SelfAttention(nn.Module):
         else:
             keys, values = keys_values.unbind(0)
         dropout = self.dropout if self.training else 0.0
-        output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights)
+        output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights, explicit)
         return self.out_proj(merge_heads(output)), weights
 
 
@@ -203,6 +208,7 @@ class CrossAttention(nn.Module):
         mask: torch.Tensor | None,
         cache: KeyValueCache | None = None,
         need_weights: bool = False,
+        explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), mask: (B, 1, 1, S). Returns ((B, T, D), (B, H, T, S) or None).
 
@@ -226,7 +232,7 @@ class CrossAttention(nn.Module):
             queries = queries.view(groups, group_width, self.n_heads, length, -1).transpose(1, 2)
             queries = queries.reshape(groups, self.n_heads, group_width * length, -1)
         dropout = self.dropout if self.training else 0.0
-        output, weights = attend(queries, keys, values, mask, False, dropout, need_weights)
+        output, weights = attend(queries, keys, values, mask, False, dropout, need_weights, explicit)
         if group_width > 1:
             # (G, H, w*T, Dh) -> (G, H, w, T, Dh) -> (G, w, T, H, Dh) -> (B, T, D)
             output = output.view(groups, self.n_heads, group_width, length, -1).permute(0, 2, 3, 1, 4)

@@ -105,20 +105,31 @@ class DecoderLayer(nn.Module):
         self_cache: SelfAttentionCache | None = None,
         cross_cache: KeyValueCache | None = None,
         need_weights: bool = False,
+        explicit_attention: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), memory_mask: (B, 1, 1, S).
 
         Returns (output (B, T, D), self-attention (B, H, T, T') or None, cross-attention (B, H, T, S)
         or None). Without caches the self-attention is causal over x; with caches x holds only new
-        steps, which may attend to all cached ones.
+        steps, which may attend to all cached ones. `explicit_attention` computes both attentions by
+        their explicit formula without returning weights (see attention.attend).
         """
         is_causal = self_cache is None and x.size(1) > 1
         attended, self_weights = self.self_attn(
-            self.self_attn_sublayer.before(x), is_causal=is_causal, cache=self_cache, need_weights=need_weights
+            self.self_attn_sublayer.before(x),
+            is_causal=is_causal,
+            cache=self_cache,
+            need_weights=need_weights,
+            explicit=explicit_attention,
         )
         x = self.self_attn_sublayer.after(x, attended)
         attended, cross_weights = self.cross_attn(
-            self.cross_attn_sublayer.before(x), memory, memory_mask, cache=cross_cache, need_weights=need_weights
+            self.cross_attn_sublayer.before(x),
+            memory,
+            memory_mask,
+            cache=cross_cache,
+            need_weights=need_weights,
+            explicit=explicit_attention,
         )
         x = self.cross_attn_sublayer.after(x, attended)
         x = self.ffn_sublayer.after(x, self.ffn(self.ffn_sublayer.before(x)))

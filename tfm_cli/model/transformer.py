@@ -97,7 +97,6 @@ class StepOutput:
     """One decoding step's result."""
 
     logits: torch.Tensor  # (B, V) for the next token
-    cross_attention: list[torch.Tensor] | None  # per layer (B, H, S), if asked
 
 
 class Transformer(nn.Module):
@@ -195,24 +194,27 @@ class Transformer(nn.Module):
             group_sentences=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
         )
 
-    def decode_step(self, tokens: torch.Tensor, state: DecoderState, need_weights: bool = False) -> StepOutput:
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState, explicit_attention: bool = False) -> StepOutput:
         """Feed one token per hypothesis. tokens: (B,) int64, the previous output (BOS at step 0).
 
         Appends this step's self-attention keys/values to `state` and returns next-token logits
-        (B, V), plus the cross-attention of every layer (B, H, S) when `need_weights`.
+        (B, V). `explicit_attention` computes attention by its explicit formula instead of torch's
+        fused kernel, so that a row's logits do not depend on the other rows (see attention.attend).
         """
         x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)  # (B, 1, D)
-        cross_weights = []
         for layer, self_cache, cross_cache in zip(self.decoder_layers, state.self_caches, state.cross_caches):
-            x, _, layer_cross = layer(
-                x, None, state.memory_mask, self_cache=self_cache, cross_cache=cross_cache, need_weights=need_weights
+            x, _, _ = layer(
+                x,
+                None,
+                state.memory_mask,
+                self_cache=self_cache,
+                cross_cache=cross_cache,
+                explicit_attention=explicit_attention,
             )
-            if need_weights:
-                cross_weights.append(layer_cross[:, :, 0])  # (B, H, 1, S) -> (B, H, S)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         state.position += 1
-        return StepOutput(logits=self.project(x[:, 0]), cross_attention=cross_weights if need_weights else None)
+        return StepOutput(logits=self.project(x[:, 0]))
 
 
 def count_parameters(model: nn.Module) -> int:
