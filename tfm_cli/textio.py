@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -108,6 +109,10 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+# The names temp_file_beside gives: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
+TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
 def temp_file_beside(target: Path) -> tuple[int, str]:
     """Create a hidden temp file in `target`'s folder: returns (fd, name), raising TfmError if no folder.
 
@@ -122,6 +127,18 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)
     return fd, name
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Delete the temp files of `temp_file_beside` in `folder` (.NAME.XXXXXXXX.tmp); returns their paths.
+
+    A process killed mid-write (SIGKILL, power loss) cannot remove its temp file. Call this only when
+    no other process can be writing into `folder` (tfm train --resume, before anything is written).
+    """
+    stale = sorted(p for p in folder.glob(".*.tmp") if TEMP_NAME.fullmatch(p.name) and p.is_file())
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

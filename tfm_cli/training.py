@@ -40,7 +40,7 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.search import beam_search, greedy_search
-from tfm_cli.textio import atomic_write_bytes
+from tfm_cli.textio import atomic_write_bytes, remove_stale_temp_files
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 
 STATE_FILE = "train_state.safetensors"
@@ -1137,6 +1137,12 @@ def train_in_world(
         # Rank 0 checks the run, trains the tokenizers and fills the cache; the others then read them.
         distributed.barrier(world)
     check_run_dir(recipe, run_dir, resume)
+    if resume and world.is_main:
+        # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait at the barrier.
+        stale = remove_stale_temp_files(run_dir) + remove_stale_temp_files(run_dir / CACHE_DIR)
+        if stale:
+            names = ", ".join(path.name for path in stale)
+            on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
     run_dir.mkdir(parents=True, exist_ok=True)
     data = prepare_data(recipe, run_dir, resume or not world.is_main, on_event)
     if world.is_main:
