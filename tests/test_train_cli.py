@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.textio import temp_file_beside
 from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
@@ -107,6 +108,20 @@ def test_keep_last_and_checkpoint_names(tmp_path, letters):
     assert read_checkpoint(tmp_path / "run" / "checkpoint_best.safetensors").provenance["valid"]["bleu"] is not None
 
 
+def test_patience_stops_after_validations_without_improvement(tmp_path, letters):
+    # A peak learning rate of 1e-12 leaves every logit unchanged in float32, so the validation loss
+    # never improves after the first validation: patience 2 must stop the run at the third.
+    options = settings(letters, max_steps=50, valid_every=1, patience=2, best_metric="loss", valid_bleu="false")
+    options += ["--set", "train.lr=1e-12", "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0"]
+    result = train(tmp_path / "run", options)
+    assert result.exit_code == 0, result.stderr
+    assert "done (patience) at step 3" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["kind"] == "valid"]
+    assert [(r["step"], r["best"], r["bad_validations"]) for r in valid] == [(1, True, 0), (2, False, 1), (3, False, 2)]
+    assert read_checkpoint(tmp_path / "run" / "checkpoint_best.safetensors").provenance["step"] == 1
+
+
 def test_a_failed_checkpoint_write_leaves_the_previous_one_intact(tmp_path, letters, monkeypatch):
     run = tmp_path / "run"
     assert train(run, settings(letters, max_steps=4, save_every=2)).exit_code == 0
@@ -176,9 +191,18 @@ def test_sigkill_loses_only_the_steps_since_the_last_save(tmp_path, letters):
     process.communicate(timeout=60)
     step = saved_step(run)
     assert step >= 4
+    # A kill in the middle of a save leaves its temp file (made here as the save makes it); resume
+    # removes it, and only it.
+    fd, half_written = temp_file_beside(run / "checkpoint_last.safetensors")
+    os.write(fd, b"half a checkpoint")
+    os.close(fd)
+    (run / ".notes.tmp").write_text("not ours")
     resumed = train(run, settings(letters, max_steps=step + 1), resume=True)
     assert resumed.exit_code == 0, resumed.stderr
     assert f"resumed at step {step}" in resumed.stderr
+    assert not Path(half_written).exists()
+    assert f"removed 1 temp file(s) left by an interrupted save: {Path(half_written).name}" in resumed.stderr
+    assert (run / ".notes.tmp").is_file()
 
 
 def test_different_line_counts_fail_before_training(tmp_path, letters):
