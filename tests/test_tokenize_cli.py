@@ -106,3 +106,27 @@ def test_ten_thousand_lines_through_a_pipe(small_spm):
     result = run_tfm_process(["tokenize", "encode", "-m", small_spm], input=lines)
     assert result.returncode == 0
     assert result.stdout.count(b"\n") == 10000
+
+
+def test_training_twice_gives_the_same_bytes_and_sentencepieces_own_vocab_file(tmp_path, multi30k_dir):
+    import os
+
+    import sentencepiece as spm
+
+    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+
+    source = multi30k_dir / "val.de"
+    config = TokenizerTrainConfig(vocab_size=300)
+    first = train_sentencepiece([source], tmp_path / "a" / "spm", config)
+    second = train_sentencepiece([source], tmp_path / "b" / "spm", config)
+    assert first.read_bytes() == second.read_bytes()  # no output or temp path recorded in the model
+    assert b"spm" not in first.read_bytes() and str(tmp_path).encode() not in first.read_bytes()
+    # The reference: sentencepiece saving its own model and .vocab under a prefix, with tfm's settings.
+    spm.SentencePieceTrainer.train(
+        input=str(source), model_prefix=str(tmp_path / "reference"), vocab_size=300, model_type="unigram",
+        character_coverage=1.0, byte_fallback=False, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        num_threads=max(1, min(os.cpu_count() or 1, 16)), minloglevel=2,
+    )
+    reference_vocab = (tmp_path / "reference.vocab").read_text(encoding="utf-8")
+    assert (tmp_path / "a" / "spm.vocab").read_text(encoding="utf-8") == reference_vocab

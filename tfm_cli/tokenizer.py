@@ -6,8 +6,8 @@ model config and checkpoint agrees on them: pad=0, unk=1, bos=2, eos=3.
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import sentencepiece as spm
 
 from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file, iter_lines
+from tfm_cli.textio import atomic_write_bytes, check_input_file, iter_lines
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def train_sentencepiece(
     """Train a sentencepiece model on the text files `input_paths` (jointly, if several).
 
     Writes `{model_prefix}.model` and `{model_prefix}.vocab` atomically and returns the .model path.
+    The same inputs and config give the same bytes (the model records no output or temp path).
     Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
     """
     for path in input_paths:
@@ -60,38 +61,48 @@ def train_sentencepiece(
         for _ in iter_lines(str(path)):
             pass
     model_prefix.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=model_prefix.parent, prefix=".spm-") as tmp:
-        tmp_prefix = Path(tmp) / "model"
-        options = dict(
-            input=",".join(str(p) for p in input_paths),
-            model_prefix=str(tmp_prefix),
-            vocab_size=config.vocab_size,
-            model_type=config.model_type,
-            character_coverage=config.character_coverage,
-            byte_fallback=config.byte_fallback,
-            normalization_rule_name=config.normalization,
-            remove_extra_whitespaces=config.normalization != "identity",
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            num_threads=max(1, min(os.cpu_count() or 1, 16)),
-            minloglevel=0 if verbose else 2,
-        )
-        if config.user_defined_symbols:
-            options["user_defined_symbols"] = list(config.user_defined_symbols)
-        if config.input_sentence_size:
-            options["input_sentence_size"] = config.input_sentence_size
-            options["shuffle_input_sentence"] = True
-        try:
-            spm.SentencePieceTrainer.train(**options)
-        except RuntimeError as error:
-            # The usual cause is a vocab size larger than the text supports; sentencepiece says so.
-            message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
-            raise TfmError(f"sentencepiece training failed: {message}") from None
-        for suffix in (".model", ".vocab"):
-            os.replace(f"{tmp_prefix}{suffix}", f"{model_prefix}{suffix}")
-    return Path(f"{model_prefix}.model")
+    # sentencepiece hands the model to a writer instead of saving it under a prefix, which it would
+    # record inside the model (a temp path, making every training's bytes differ).
+    model_writer = io.BytesIO()
+    options = dict(
+        input=",".join(str(p) for p in input_paths),
+        model_writer=model_writer,
+        vocab_size=config.vocab_size,
+        model_type=config.model_type,
+        character_coverage=config.character_coverage,
+        byte_fallback=config.byte_fallback,
+        normalization_rule_name=config.normalization,
+        remove_extra_whitespaces=config.normalization != "identity",
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        num_threads=max(1, min(os.cpu_count() or 1, 16)),
+        minloglevel=0 if verbose else 2,
+    )
+    if config.user_defined_symbols:
+        options["user_defined_symbols"] = list(config.user_defined_symbols)
+    if config.input_sentence_size:
+        options["input_sentence_size"] = config.input_sentence_size
+        options["shuffle_input_sentence"] = True
+    try:
+        spm.SentencePieceTrainer.train(**options)
+    except RuntimeError as error:
+        # The usual cause is a vocab size larger than the text supports; sentencepiece says so.
+        message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+        raise TfmError(f"sentencepiece training failed: {message}") from None
+    model_bytes = model_writer.getvalue()
+    model_path = Path(f"{model_prefix}.model")
+    atomic_write_bytes(model_path, model_bytes)
+    atomic_write_bytes(Path(f"{model_prefix}.vocab"), vocab_listing(model_bytes).encode("utf-8"))
+    return model_path
+
+
+def vocab_listing(model_bytes: bytes) -> str:
+    """The text of the .vocab file sentencepiece writes beside a model: `piece<TAB>score` per id, in id order."""
+    processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+    pieces = range(processor.get_piece_size())
+    return "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in pieces)
 
 
 class Tokenizer:
