@@ -192,17 +192,18 @@ def test_sigkill_loses_only_the_steps_since_the_last_save(tmp_path, letters):
     step = saved_step(run)
     assert step >= 4
     # A kill in the middle of a save leaves its temp file (made here as the save makes it); resume
-    # removes it, and only it.
+    # removes it, and not the temp file of another tool writing into the folder (tfm average here).
     fd, half_written = temp_file_beside(run / "checkpoint_last.safetensors")
     os.write(fd, b"half a checkpoint")
     os.close(fd)
-    (run / ".notes.tmp").write_text("not ours")
+    fd, other_tool = temp_file_beside(run / "average.safetensors")
+    os.close(fd)
     resumed = train(run, settings(letters, max_steps=step + 1), resume=True)
     assert resumed.exit_code == 0, resumed.stderr
     assert f"resumed at step {step}" in resumed.stderr
     assert not Path(half_written).exists()
     assert f"removed 1 temp file(s) left by an interrupted save: {Path(half_written).name}" in resumed.stderr
-    assert (run / ".notes.tmp").is_file()
+    assert Path(other_tool).is_file()
 
 
 def test_different_line_counts_fail_before_training(tmp_path, letters):

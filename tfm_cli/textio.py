@@ -109,8 +109,6 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-# The names temp_file_beside gives: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
-TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
 
 def temp_file_beside(target: Path) -> tuple[int, str]:
@@ -129,13 +127,16 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
     return fd, name
 
 
-def remove_stale_temp_files(folder: Path) -> list[Path]:
-    """Delete the temp files of `temp_file_beside` in `folder` (.NAME.XXXXXXXX.tmp); returns their paths.
+def remove_stale_temp_files(folder: Path, target_names: str) -> list[Path]:
+    """Delete temp files that `temp_file_beside` made in `folder` for targets whose names match the
+    regular expression `target_names`; returns their paths.
 
     A process killed mid-write (SIGKILL, power loss) cannot remove its temp file. Call this only when
-    no other process can be writing into `folder` (tfm train --resume, before anything is written).
+    no other process can be writing those targets (tfm train --resume, before anything is written).
     """
-    stale = sorted(p for p in folder.glob(".*.tmp") if TEMP_NAME.fullmatch(p.name) and p.is_file())
+    # temp_file_beside's names: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
+    temp_name = re.compile(rf"\.(?:{target_names})\.[a-z0-9_]{{8}}\.tmp")
+    stale = sorted(p for p in folder.glob(".*.tmp") if temp_name.fullmatch(p.name) and p.is_file())
     for path in stale:
         path.unlink(missing_ok=True)
     return stale

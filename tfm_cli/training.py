@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -46,6 +47,14 @@ from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 STATE_FILE = "train_state.safetensors"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+# The files a run writes atomically, as regular expressions over their names (on resume, the temp
+# files of a killed save are found by these).
+RUN_FILES = "|".join([
+    r"checkpoint_\w+\.safetensors",  # checkpoint_STEP, checkpoint_last, checkpoint_best
+    r"spm(?:\.src|\.tgt)?\.(?:model|vocab)",  # the run's tokenizers
+    *map(re.escape, (STATE_FILE, CONFIG_FILE, METRICS_FILE)),
+])
+CACHE_FILES = r"[\w.-]+\.safetensors"  # the tokenized corpora in run_dir/cache
 CACHE_DIR = "cache"
 STATE_FORMAT = "tfm-train-state"
 STATE_VERSION = 1
@@ -1139,7 +1148,7 @@ def train_in_world(
     check_run_dir(recipe, run_dir, resume)
     if resume and world.is_main:
         # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait at the barrier.
-        stale = remove_stale_temp_files(run_dir) + remove_stale_temp_files(run_dir / CACHE_DIR)
+        stale = remove_stale_temp_files(run_dir, RUN_FILES) + remove_stale_temp_files(run_dir / CACHE_DIR, CACHE_FILES)
         if stale:
             names = ", ".join(path.name for path in stale)
             on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
