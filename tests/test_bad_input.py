@@ -437,7 +437,11 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, smal
         process.kill()
         process.wait()
     assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 2
+    leftovers = [path.name for path in run.glob(".*.tmp")]
+    assert leftovers, "the killed write left no temp file"
     resumed = run_cli(["train", "--run", run, "--resume", "--threads", "1", "--device", "cpu"])
     assert resumed.exit_code == 0, resumed.stderr
     assert "resumed at step 2" in resumed.stderr
+    assert all(name in resumed.stderr for name in leftovers)  # named in the "removed ..." line
+    assert not list(run.glob(".*.tmp"))
     assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 4

@@ -109,8 +109,9 @@ def test_keep_last_and_checkpoint_names(tmp_path, letters):
 
 
 def test_patience_stops_after_validations_without_improvement(tmp_path, letters):
-    # A peak learning rate of 1e-12 leaves every logit unchanged in float32, so the validation loss
-    # never improves after the first validation: patience 2 must stop the run at the third.
+    # A peak learning rate of 1e-12 moves the weights by about 1e-12, which rounds away in every
+    # float32 logit here, so the validation loss never improves after the first validation:
+    # patience 2 must stop the run at the third.
     options = settings(letters, max_steps=50, valid_every=1, patience=2, best_metric="loss", valid_bleu="false")
     options += ["--set", "train.lr=1e-12", "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0"]
     result = train(tmp_path / "run", options)
@@ -201,9 +202,9 @@ def test_sigkill_loses_only_the_steps_since_the_last_save(tmp_path, letters):
     resumed = train(run, settings(letters, max_steps=step + 1), resume=True)
     assert resumed.exit_code == 0, resumed.stderr
     assert f"resumed at step {step}" in resumed.stderr
-    assert not Path(half_written).exists()
-    assert f"removed 1 temp file(s) left by an interrupted save: {Path(half_written).name}" in resumed.stderr
-    assert Path(other_tool).is_file()
+    # (The kill may also have interrupted a real save, whose temp file goes too.)
+    assert "temp file(s) left by an interrupted save" in resumed.stderr and Path(half_written).name in resumed.stderr
+    assert [path.name for path in run.glob(".*.tmp")] == [Path(other_tool).name]
 
 
 def test_different_line_counts_fail_before_training(tmp_path, letters):

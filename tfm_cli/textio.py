@@ -109,8 +109,6 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-
-
 def temp_file_beside(target: Path) -> tuple[int, str]:
     """Create a hidden temp file in `target`'s folder: returns (fd, name), raising TfmError if no folder.
 
@@ -128,9 +126,9 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
 
 
 def remove_stale_temp_files(folder: Path, target_names: str) -> list[Path]:
-    """Delete temp files that `temp_file_beside` made in `folder` for targets whose names match the
-    regular expression `target_names`; returns their paths.
+    """Delete the temp files of `temp_file_beside` in `folder` for targets named like `target_names`.
 
+    target_names: a regular expression over the targets' file names. Returns the deleted paths.
     A process killed mid-write (SIGKILL, power loss) cannot remove its temp file. Call this only when
     no other process can be writing those targets (tfm train --resume, before anything is written).
     """

@@ -50,7 +50,8 @@ def train_sentencepiece(
     """Train a sentencepiece model on the text files `input_paths` (jointly, if several).
 
     Writes `{model_prefix}.model` and `{model_prefix}.vocab` atomically and returns the .model path.
-    The same inputs and config give the same bytes (the model records no output or temp path).
+    The model records the input paths but no output or temp path: the same inputs and config give
+    the same bytes (unless input_sentence_size samples the input, which sentencepiece seeds randomly).
     Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
     """
     for path in input_paths:
@@ -94,11 +95,11 @@ def train_sentencepiece(
     model_bytes = model_writer.getvalue()
     model_path = Path(f"{model_prefix}.model")
     atomic_write_bytes(model_path, model_bytes)
-    atomic_write_bytes(Path(f"{model_prefix}.vocab"), vocab_listing(model_bytes).encode("utf-8"))
+    atomic_write_bytes(Path(f"{model_prefix}.vocab"), format_vocab(model_bytes).encode("utf-8"))
     return model_path
 
 
-def vocab_listing(model_bytes: bytes) -> str:
+def format_vocab(model_bytes: bytes) -> str:
     """The text of the .vocab file sentencepiece writes beside a model: `piece<TAB>score` per id, in id order."""
     processor = spm.SentencePieceProcessor(model_proto=model_bytes)
     pieces = range(processor.get_piece_size())

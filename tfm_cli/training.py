@@ -50,7 +50,7 @@ METRICS_FILE = "metrics.jsonl"
 # The files a run writes atomically, as regular expressions over their names (on resume, the temp
 # files of a killed save are found by these).
 RUN_FILES = "|".join([
-    r"checkpoint_\w+\.safetensors",  # checkpoint_STEP, checkpoint_last, checkpoint_best
+    r"checkpoint_(?:\d+|last|best)\.safetensors",
     r"spm(?:\.src|\.tgt)?\.(?:model|vocab)",  # the run's tokenizers
     *map(re.escape, (STATE_FILE, CONFIG_FILE, METRICS_FILE)),
 ])

@@ -115,6 +115,7 @@ def attend(
     is_causal: bool,
     dropout: float,
     need_weights: bool,
+    *,
     explicit: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled dot-product attention over heads.
@@ -178,7 +179,7 @@ class SelfAttention(nn.Module):
         else:
             keys, values = keys_values.unbind(0)
         dropout = self.dropout if self.training else 0.0
-        output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights, explicit)
+        output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights, explicit=explicit)
         return self.out_proj(merge_heads(output)), weights
 
 
@@ -216,6 +217,7 @@ class CrossAttention(nn.Module):
         cache may hold G = B / w entries, one per group of w consecutive rows of x (the beams of one
         sentence share their source): `mask` is then (G, 1, 1, S) and each group's w rows are
         multiplied with their keys in one product, so the cache is neither copied per row nor read w times.
+        `explicit`: see `attend`.
         """
         if cache is not None and cache.keys is not None:
             keys, values = cache.keys, cache.values
@@ -232,7 +234,7 @@ class CrossAttention(nn.Module):
             queries = queries.view(groups, group_width, self.n_heads, length, -1).transpose(1, 2)
             queries = queries.reshape(groups, self.n_heads, group_width * length, -1)
         dropout = self.dropout if self.training else 0.0
-        output, weights = attend(queries, keys, values, mask, False, dropout, need_weights, explicit)
+        output, weights = attend(queries, keys, values, mask, False, dropout, need_weights, explicit=explicit)
         if group_width > 1:
             # (G, H, w*T, Dh) -> (G, H, w, T, Dh) -> (G, w, T, H, Dh) -> (B, T, D)
             output = output.view(groups, self.n_heads, group_width, length, -1).permute(0, 2, 3, 1, 4)

@@ -112,7 +112,7 @@ class DecoderLayer(nn.Module):
         Returns (output (B, T, D), self-attention (B, H, T, T') or None, cross-attention (B, H, T, S)
         or None). Without caches the self-attention is causal over x; with caches x holds only new
         steps, which may attend to all cached ones. `explicit_attention` computes both attentions by
-        their explicit formula without returning weights (see attention.attend).
+        their explicit formula even when no weights are asked for (see attention.attend).
         """
         is_causal = self_cache is None and x.size(1) > 1
         attended, self_weights = self.self_attn(
