@@ -128,7 +128,8 @@ def start_search(
     extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences)  # ceil(MIN_STEP_ROWS / S) sentences at least
     padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
     encoded = model.encode(padded_src)
-    # Cross-attention keys/values are computed once per sentence, then copied to its rows.
+    # Cross-attention keys/values are computed once per sentence, then shared by its group of rows
+    # (grouped) or copied to each of its rows.
     state = model.start_decoding(encoded)
     rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
     group_width = rows_per_sentence if grouped else 1

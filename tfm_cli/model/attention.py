@@ -17,14 +17,14 @@ from torch import nn
 
 @dataclass
 class KeyValueCache:
-    """Cross-attention keys/values of the encoder memory, (B, H, S, Dh) each, computed once per sentence
-    (None until the first decoding step computes them)."""
+    """Cross-attention keys/values of the encoder memory, (G, H, S, Dh) each: one entry per group of
+    decoder rows (see DecoderState), computed once per sentence (None until the first step computes them)."""
 
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
     def select(self, indices: torch.Tensor) -> None:
-        """Keep batch rows `indices` (B',) in this order: reorders beams and drops finished ones."""
+        """Keep entries `indices` (G',) in this order: drops finished sentences, copies a sentence's entry."""
         if self.keys is not None:
             self.keys = self.keys.index_select(0, indices)
             self.values = self.values.index_select(0, indices)
