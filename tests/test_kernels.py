@@ -1,4 +1,4 @@
-"""tfm's Linear: the same product as F.linear, repacked when its weight changes, batch-invariant rows."""
+"""tfm's Linear: the same product as F.linear, packed only inside explicit scopes, batch-invariant rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tfm_cli.model.kernels import Linear, onednn_linear_available
+from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_weights
 
 
 def make_linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
@@ -18,40 +18,38 @@ def make_linear(in_features: int, out_features: int, bias: bool = True) -> Linea
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_matches_f_linear_in_inference_and_training(bias):
+def test_linear_matches_f_linear_packed_and_unpacked(bias):
     linear = make_linear(64, 500, bias=bias)
     x = torch.randn(3, 7, 64)
     expected = F.linear(x, linear.weight, linear.bias)
+    with torch.no_grad():
+        assert torch.equal(linear(x), expected)  # unpacked: F.linear itself
     for context in (torch.no_grad, torch.inference_mode):
-        with context():
+        with packed_weights(linear), context():
+            assert linear.packed_weight is not None
             torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
-    # Training takes F.linear, with autograd.
-    x.requires_grad_(True)
-    linear(x).sum().backward()
+    assert linear.packed_weight is None
+    # Training takes F.linear, with autograd, even while packed.
+    with packed_weights(linear):
+        x.requires_grad_(True)
+        linear(x).sum().backward()
     assert x.grad is not None and linear.weight.grad is not None
 
 
-def test_linear_repacks_after_an_in_place_weight_change():
-    # An optimizer step changes the weight in place; inference must then use the new weight, not
-    # a packed copy of the old one (validation during training runs on the updated model).
+def test_each_packed_scope_uses_the_weight_as_it_is_then():
+    # Fused AdamW changes weights in place without bumping their version counter: validation after
+    # an optimizer step must still see the new weight (tests/test_train_validation.py end to end).
     linear = make_linear(32, 40)
+    optimizer = torch.optim.AdamW(linear.parameters(), lr=0.1, fused=True)
     x = torch.randn(5, 32)
-    with torch.no_grad():
+    with packed_weights(linear), torch.no_grad():
         before = linear(x)
-        linear.weight.mul_(2.0)
+    linear(x).pow(2).sum().backward()
+    optimizer.step()
+    with packed_weights(linear), torch.no_grad():
         after = linear(x)
         torch.testing.assert_close(after, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(after, before)
-
-
-def test_linear_repacks_after_load_state_dict():
-    linear = make_linear(32, 40)
-    other = Linear(32, 40)
-    x = torch.randn(5, 32)
-    with torch.no_grad():
-        linear(x)  # packs the old weight
-        linear.load_state_dict(other.state_dict())
-        torch.testing.assert_close(linear(x), other(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("shape", [(256, 8000), (256, 768), (1024, 256)])
@@ -62,6 +60,7 @@ def test_a_row_gets_the_same_bits_in_any_batch(shape):
     in_features, out_features = shape
     linear = make_linear(in_features, out_features, bias=out_features != 8000)
     x = torch.randn(200, in_features)
+    pack_weights(linear)
     with torch.inference_mode():
         for rows in (1, 2, 3, 5, 7, 16, 33, 100, 160, 200):
             batch = linear(x[:rows])

@@ -44,14 +44,14 @@ def test_length_penalty_is_the_gnmt_formula():
 
 
 def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
-    # 8 ids, of which 7 can be output before EOS; with at most 2 tokens there are 1 + 7 + 49 = 57
-    # outputs. A beam of 60 keeps every prefix, so beam search must rank all 57 exactly as
-    # enumerating them and scoring each by forced decoding does.
+    # 8 ids, of which 5 can be output before EOS (pad and BOS never are); with at most 2 tokens
+    # there are 1 + 5 + 25 = 31 outputs. A beam of 60 keeps every prefix, so beam search must rank
+    # all 31 exactly as enumerating them and scoring each by forced decoding does.
     torch.manual_seed(3)
     model = Transformer(tiny_config(src_vocab_size=8, tgt_vocab_size=8)).eval()
     src = [5, 6, 7, 3]
     alpha = 0.8
-    outputs = [list(seq) for n in range(3) for seq in itertools.product([0, 1, 2, 4, 5, 6, 7], repeat=n)]
+    outputs = [list(seq) for n in range(3) for seq in itertools.product([1, 4, 5, 6, 7], repeat=n)]
     expected = sorted(
         ((forced_log_prob(model, src, out) / length_penalty(len(out) + 1, alpha), out) for out in outputs),
         key=lambda item: -item[0],
@@ -179,3 +179,23 @@ def test_stopping_a_sentence_early_changes_no_result(trained, monkeypatch, alpha
             patch.setattr("tfm_cli.search.sentence_is_decided", lambda *args: False)
             full = beam_search(loaded.model, src, config)
         assert [[(h.tokens, h.score) for h in hyps] for hyps in early] == [[(h.tokens, h.score) for h in hyps] for hyps in full]
+
+
+@pytest.mark.parametrize("no_unk", [False, True])
+def test_no_search_outputs_padding_or_bos_and_no_unk_bans_unk(no_unk):
+    # An all-zero output projection makes every next token equally likely: an unbanned search then
+    # picks pad (id 0, argmax of a tie), BOS or UNK as readily as any other token.
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(tie_output=False, share_embeddings=False)).eval()
+    with torch.no_grad():
+        model.output_proj.weight.zero_()
+    config = model.config
+    banned = {config.pad_id, config.bos_id} | ({config.unk_id} if no_unk else set())
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 11, 12, 3]])
+    outputs = [h.tokens for h in greedy_search(model, src, max_len_a=0.0, max_len_b=6, no_unk=no_unk)]
+    beam = DecodeConfig(beam_size=4, nbest=4, max_len_a=0.0, max_len_b=6, no_unk=no_unk)
+    outputs += [h.tokens for nbest in beam_search(model, src, beam) for h in nbest]
+    sampling = DecodeConfig(sample=True, nbest=20, max_len_a=0.0, max_len_b=6, no_unk=no_unk)
+    outputs += [h.tokens for samples in sample_search(model, src, sampling, [1, 2]) for h in samples]
+    assert sum(map(len, outputs)) > 100  # enough tokens drawn for a banned one to show up otherwise
+    assert not any(token in banned for tokens in outputs for token in tokens)

@@ -17,33 +17,8 @@ from safetensors.torch import load_file
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.checkpoint import read_checkpoint
 from tfm_cli.textio import temp_file_beside
-from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
-LETTERS = "abcdefgh"
-
-
-def write_pairs(folder: Path, name: str, count: int, seed: int) -> tuple[Path, Path]:
-    """`count` pairs of random letter sequences and their reversals, as NAME.src / NAME.tgt."""
-    generator = torch.Generator().manual_seed(seed)
-    lines = []
-    for _ in range(count):
-        length = int(torch.randint(3, 8, (1,), generator=generator))
-        lines.append(" ".join(LETTERS[int(i)] for i in torch.randint(0, 8, (length,), generator=generator)))
-    src, tgt = folder / f"{name}.src", folder / f"{name}.tgt"
-    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    tgt.write_text("".join(" ".join(reversed(line.split())) + "\n" for line in lines), encoding="utf-8")
-    return src, tgt
-
-
-@pytest.fixture(scope="module")
-def letters(tmp_path_factory) -> dict[str, Path]:
-    """Small letter data (200 train, 20 valid pairs) and a 20-piece sentencepiece model for it."""
-    folder = tmp_path_factory.mktemp("letters")
-    train_src, train_tgt = write_pairs(folder, "train", 200, seed=1)
-    valid_src, valid_tgt = write_pairs(folder, "valid", 20, seed=2)
-    spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
-    return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}
 
 
 def settings(letters: dict[str, Path], **train: object) -> list[str]:

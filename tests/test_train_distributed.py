@@ -17,22 +17,16 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
-from test_train_cli import write_pairs
 from tfm_cli.distributed import FAIL_AT_ENV
-from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    """200 letter-reversal training pairs, 20 validation pairs and a 20-piece sentencepiece model."""
-    folder = tmp_path_factory.mktemp("letters_ddp")
-    train_src, train_tgt = write_pairs(folder, "train", 200, seed=1)
-    valid_src, valid_tgt = write_pairs(folder, "valid", 20, seed=2)
-    spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
-    return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}
+def data(letters) -> dict[str, Path]:
+    """The letter-reversal data of conftest.letters (200 training pairs, 20 validation pairs)."""
+    return letters
 
 
 def options(data: dict[str, Path], **train: object) -> list[str]:

@@ -130,3 +130,20 @@ def test_an_inf_nan_loss_skips_the_update_in_fp32():
         if name != "src_embed.weight":
             assert torch.equal(p, before[name]), name  # the update was skipped
     assert all(torch.equal(optimizer.state[p]["exp_avg"], moments[id(p)]) for p in model.parameters())
+
+
+@pytest.mark.parametrize("tying", [{"share_embeddings": True}, {"tie_output": True}, {"tie_output": False}])
+def test_the_padding_row_stays_zero_through_training(tying):
+    # With a tied output projection, the softmax over the vocabulary gives the pad logit (and so the
+    # pad row) a gradient at every position; the padding row must still stay zero, as at initialisation.
+    pairs = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14]), ([20, 21, 22, 23], [24])]
+    settings = StepSettings(label_smoothing=0.1, clip_norm=1.0, autocast_dtype=None, device_type="cpu")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.0, **tying)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, fused=True)
+    for _ in range(3):
+        train_step(model, optimizer, None, [collate(corpus_of(pairs), torch.arange(3))], settings)
+    pad = model.config.pad_id
+    for embedding in (model.src_embed, model.tgt_embed):
+        assert torch.count_nonzero(embedding.weight[pad]) == 0
+        assert torch.count_nonzero(embedding.weight[pad + 4]) > 0  # other rows did train

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save
 from tfm_cli.config import ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
+from tfm_cli.model.kernels import pack_weights
 from tfm_cli.textio import atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
 
@@ -201,12 +202,17 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
 
 
 def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer with the checkpoint's weights (float32), in eval mode, on `device`."""
+    """A Transformer with the checkpoint's weights (float32), in eval mode, on `device`, for inference.
+
+    Its weights are packed for CPU inference once (kernels.pack_weights): it must not be trained.
+    """
     model = Transformer(checkpoint.config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(checkpoint.weights[name].to(torch.float32))
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    pack_weights(model)
+    return model
 
 
 def load_model(path: Path | str, device: str | torch.device = "cpu") -> LoadedModel:

@@ -102,6 +102,7 @@ class DecodeConfig:
     sample_top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches p (1 = all)
     temperature: float = 1.0
     seed: int = 0
+    no_unk: bool = False  # never generate the unknown-word token (padding and BOS never are)
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:

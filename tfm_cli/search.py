@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.config import DecodeConfig
+from tfm_cli.config import DecodeConfig, ModelConfig
 from tfm_cli.model import DecoderState, Transformer
 
 # CPU BLAS (MKL) multiplies matrices of fewer than ~12 rows with a different kernel, which rounds
@@ -50,6 +50,20 @@ class Hypothesis:
         return self.score / length_penalty(len(self.tokens) + 1, alpha)
 
 
+def banned_tokens(config: ModelConfig, no_unk: bool = False) -> torch.Tensor:
+    """(V,) bool over the target vocabulary: the tokens no search may ever generate.
+
+    Padding and BOS are never outputs (a model still gives them some probability: their pieces
+    would vanish from the text but count in the score); with `no_unk`, neither is UNK (as Marian's
+    and fairseq's --no-unk / --unkpen).
+    """
+    banned = torch.zeros(config.tgt_vocab_size, dtype=torch.bool)
+    banned[[config.pad_id, config.bos_id]] = True
+    if no_unk:
+        banned[config.unk_id] = True
+    return banned
+
+
 def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: int, limit: int) -> torch.Tensor:
     """Per sentence, the most output tokens (EOS excluded) allowed: a * src_len + b, capped at `limit`.
 
@@ -60,12 +74,16 @@ def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: i
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, src: torch.Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[Hypothesis]:
+def greedy_search(
+    model: Transformer, src: torch.Tensor, max_len_a: float = 1.5, max_len_b: int = 10, no_unk: bool = False
+) -> list[Hypothesis]:
     """Greedy decoding with the incremental cache; finished sentences leave the batch.
 
     src: (B, S) int64 padded with pad_id (each row ending in EOS). Returns B hypotheses in input order.
+    Never outputs a `banned_tokens` token.
     """
     config = model.config
+    banned = banned_tokens(config, no_unk).to(src.device)
     encoded = model.encode(src)
     state = model.start_decoding(encoded)
     # One position is needed for BOS, so at most max_positions - 1 outputs including EOS.
@@ -77,6 +95,7 @@ def greedy_search(model: Transformer, src: torch.Tensor, max_len_a: float = 1.5,
     finished = [False] * src.size(0)
     for step in range(int(max_lengths.max()) + 1):
         log_probs = torch.log_softmax(model.decode_step(tokens, state).logits.float(), dim=-1)  # (b, V)
+        log_probs = log_probs.masked_fill(banned, float("-inf"))
         at_limit = max_lengths[active] <= step
         # At the length limit only EOS may follow, so the output always ends cleanly.
         best = torch.where(at_limit, torch.full_like(tokens, config.eos_id), log_probs.argmax(-1))
@@ -176,6 +195,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
     vocab_eos = model.config.eos_id
     beam, alpha = config.beam_size, config.length_penalty
     device = src.device
+    banned = banned_tokens(model.config, config.no_unk).to(device)
     n_sentences = src.size(0)
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
@@ -196,7 +216,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
         n_alive = len(alive)
         step_output = model.decode_step(padded_rows(tokens, width), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
         logits = step_output.logits[: n_alive * width]
-        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
+        log_probs = torch.log_softmax(logits.float(), dim=-1).masked_fill(banned, float("-inf"))  # (R, V)
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
         if any(at_limit):
@@ -281,11 +301,12 @@ def sample_search(
     src: (N, S) int64; seeds: N ints, one random generator per sentence, so a sentence's samples
     depend on its seed only (not on its batch). Tokens are drawn from softmax(logits / temperature)
     restricted to top-k / top-p; the reported score is the model's own log-probability (temperature 1,
-    unfiltered), as `score -m` computes it. Returns per sentence its samples sorted by normalised score.
+    unfiltered), as `score -m` computes it. `banned_tokens` are never drawn. Returns per sentence its samples sorted by normalised score.
     """
     eos = model.config.eos_id
     per_sentence = config.nbest
     device = src.device
+    banned = banned_tokens(model.config, config.no_unk).to(device)
     state, src_lengths = start_search(model, src, per_sentence, grouped=False)  # samples end one by one
     limit = model.config.max_positions - 2
     max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit)
@@ -305,7 +326,8 @@ def sample_search(
         step_output = model.decode_step(padded_rows(tokens), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
         logits = step_output.logits[: active.numel()].float()  # (b, V)
         log_probs = torch.log_softmax(logits, dim=-1)
-        probs = torch.softmax(filter_logits(logits / config.temperature, config.sample_top_k, config.sample_top_p), -1)
+        allowed_logits = logits.masked_fill(banned, float("-inf"))
+        probs = torch.softmax(filter_logits(allowed_logits / config.temperature, config.sample_top_k, config.sample_top_p), -1)
         at_limit = (row_limits[active] <= step).tolist()
         choices = []
         for i, row in enumerate(active.tolist()):

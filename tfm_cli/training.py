@@ -40,6 +40,7 @@ from tfm_cli.data import (
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
+from tfm_cli.model.kernels import packed_weights
 from tfm_cli.search import beam_search, greedy_search
 from tfm_cli.textio import atomic_write_bytes, remove_stale_temp_files
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
@@ -298,7 +299,7 @@ def validate(
     model.eval()
     loss_sum = nll_sum = 0.0
     n_tokens = 0
-    with torch.inference_mode(), autocast(settings):
+    with packed_weights(model), torch.inference_mode(), autocast(settings):
         for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
             batch = collate(corpus, indices).to(device)
             loss, nll = batch_loss(model, batch, config.label_smoothing)
@@ -308,7 +309,7 @@ def validate(
     bleu = signature = None
     hypotheses: list[str] = []
     if config.valid_bleu:
-        with autocast(settings):
+        with packed_weights(model), autocast(settings):
             hypotheses = decode_corpus(model, corpus, tgt_tokenizer, config, device)
         metric = sacrebleu.metrics.BLEU()
         bleu = metric.corpus_score(hypotheses, [references]).score

@@ -52,6 +52,7 @@ def translate(
     top_p: float = typer.Option(1.0, "--top-p", help="With --sample: draw only from the nucleus of probability p."),
     temperature: float = typer.Option(1.0, "--temperature", help="With --sample: softmax temperature."),
     seed: int = typer.Option(0, "--seed", help="With --sample: random seed (line i uses seed + i)."),
+    no_unk: bool = typer.Option(False, "--no-unk", help="Never output the unknown-word token <unk> (padding and <s> never are)."),
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
     align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
@@ -93,6 +94,7 @@ def translate(
     decode = DecodeConfig(
         beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
         sample=sample, sample_top_k=top_k, sample_top_p=top_p, temperature=temperature, seed=seed,
+        no_unk=no_unk,
     )
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     want_alignment = alignment or as_json

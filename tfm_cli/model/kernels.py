@@ -15,7 +15,9 @@ Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN u
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -33,39 +35,66 @@ def onednn_linear_available() -> bool:
 
 
 def uses_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x @ weight.T should run through the packed oneDNN product: CPU float32 inference only.
-
-    Inference tensors (made under torch.inference_mode) have no version counter to tell when they
-    change, so weights made that way keep F.linear.
-    """
+    """Whether x @ weight.T may run through a packed oneDNN product: CPU float32, autograd off."""
     return (
         not torch.is_grad_enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
+        and weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and not weight.is_inference()
-        and onednn_linear_available()
     )
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state dict) that packs its weight for oneDNN in CPU inference.
+    """nn.Linear (same parameters, same state dict) that can run on a oneDNN-packed copy of its weight.
 
-    The packed copy is made on the first inference call and made again whenever the weight has
-    changed since (an optimizer step, a load_state_dict, a move to another device).
+    Packing is explicit and scoped: `packed_weights(model)` packs every such layer for a stretch of
+    inference (a validation pass) and drops the copies at its end; `pack_weights(model)` packs a model
+    that is never trained again (one loaded for translate, score, inspect-attention). Nothing is
+    cached implicitly: an optimizer can change a weight in place without telling anyone (fused AdamW
+    leaves the tensor's version counter alone), so a cache keyed on the weight's identity goes stale.
+    Without a packed copy, and whenever autograd records, the layer is plain F.linear.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.packed_weight: torch.Tensor | None = None
-        self.packed_from: tuple[int, int] | None = None  # (data_ptr, version) of the weight it was packed from
+
+    def pack(self) -> None:
+        """Make the packed copy of the current weight (only for CPU float32 weights with oneDNN)."""
+        weight = self.weight.detach()
+        usable = weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_linear_available()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight) if usable else None
+
+    def release(self) -> None:
+        """Drop the packed copy: the layer is plain F.linear again."""
+        self.packed_weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
-        if not uses_packed_path(x, self.weight):
+        if self.packed_weight is None or not uses_packed_path(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        weight_id = (self.weight.data_ptr(), self.weight._version)
-        if self.packed_from != weight_id:
-            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-            self.packed_from = weight_id
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_weights(model: nn.Module) -> None:
+    """Pack every tfm Linear of `model` for CPU inference; the weights must not change afterwards."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.pack()
+
+
+@contextlib.contextmanager
+def packed_weights(model: nn.Module) -> Iterator[None]:
+    """Within the block, every tfm Linear of `model` runs on a packed copy of its current weight.
+
+    For inference between optimizer steps (validation): the copies are made on entry and dropped
+    on exit, so the next block packs the weights as they are then.
+    """
+    pack_weights(model)
+    try:
+        yield
+    finally:
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.release()

@@ -6,6 +6,7 @@ Transformer.start_decoding + Transformer.decode_step (inference, one token at a 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -115,6 +116,10 @@ class Transformer(nn.Module):
             # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
             nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
             nn.init.zeros_(embedding.weight[config.pad_id])
+            # The padding row is not learned: padding_idx keeps lookups from updating it, but a tied
+            # output projection would (every softmax pushes the pad logit). With its gradient zeroed,
+            # Adam leaves it at exactly zero, and the pad logit stays 0 (searches never emit it).
+            embedding.weight.register_hook(functools.partial(zero_gradient_row, row=config.pad_id))
         self.register_buffer("positions", sinusoidal_table(config.max_positions, d_model), persistent=False)
         self.embed_dropout = Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_enc_layers))
@@ -215,6 +220,11 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         state.position += 1
         return StepOutput(logits=self.project(x[:, 0]))
+
+
+def zero_gradient_row(grad: torch.Tensor, row: int) -> torch.Tensor:
+    """grad: (V, D) -> the same gradient with row `row` set to zero (a parameter hook)."""
+    return grad.index_fill(0, torch.tensor([row], device=grad.device), 0.0)
 
 
 def count_parameters(model: nn.Module) -> int:

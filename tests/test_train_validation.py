@@ -1,0 +1,64 @@
+"""Validation during training measures the weights the run saves: logged figures equal a fresh process's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import sacrebleu
+
+from conftest import REPO_ROOT, run_tfm_process
+
+TINY = REPO_ROOT / "recipes" / "tiny.toml"
+
+
+def fresh_process_nll(checkpoint: Path, src: Path, tgt: Path) -> float:
+    """Per-token negative log-likelihood (EOS counted) of the pairs under `checkpoint`, by `tfm score -m`."""
+    result = run_tfm_process(
+        ["score", "-m", checkpoint, "--src", src, "--tgt", tgt, "--normalize", "none", "--json", "-q", "--threads", "1"]
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    total = sum(record["score"] for record in records)
+    n_tokens = sum(len(record["token_log_probs"]) for record in records)
+    return -total / n_tokens
+
+
+def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float, max_len_b: int) -> float:
+    """sacreBLEU of `tfm translate -b 1` (greedy, as validation decodes) against the references."""
+    result = run_tfm_process(
+        ["translate", "-m", checkpoint, "-i", src, "-b", "1", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
+         "-q", "--threads", "1"]
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    hypotheses = result.stdout.decode().splitlines()
+    references = tgt.read_text(encoding="utf-8").splitlines()
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters):
+    # The run trains with the optimizer `tfm train` always uses (fused AdamW, which updates weights
+    # in place without bumping their version counter). Every validation must see the weights of
+    # that moment: a cached copy of the first validation's weights once made every later figure wrong.
+    run = tmp_path / "run"
+    values = {
+        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
+        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
+        "tokenizer.src_model": letters["spm"], "train.max_tokens": 256, "train.warmup_steps": 5,
+        "train.max_steps": 30, "train.valid_every": 10, "train.save_every": 10, "train.keep_last": 5,
+        "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
+    }
+    options = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    result = run_tfm_process(["train", TINY, "--run", run, "--threads", "1", "-q", *options], timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = {record["step"]: record for record in records if record["kind"] == "valid"}
+    assert sorted(valid) == [10, 20, 30]
+    # The weights changed between validations, so a stale copy would show.
+    assert len({round(record["nll_loss"], 4) for record in valid.values()}) == 3
+    for step, record in valid.items():
+        checkpoint = run / f"checkpoint_{step:08d}.safetensors"
+        nll = fresh_process_nll(checkpoint, letters["valid_src"], letters["valid_tgt"])
+        assert abs(nll - record["nll_loss"]) <= 1e-4 * max(1.0, nll), (step, nll, record["nll_loss"])
+        bleu = fresh_process_bleu(checkpoint, letters["valid_src"], letters["valid_tgt"], 1.0, 4)
+        assert abs(bleu - record["bleu"]) <= 1e-6, (step, bleu, record["bleu"])
