@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.training import learning_rate
 from tfm_cli.textio import temp_file_beside
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
@@ -262,6 +263,14 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(tmp_path, letters):
     assert all(0.0 <= r["padding"] < 1.0 and r["tgt_tokens_per_s"] > 0 for r in records if r["kind"] == "train")
 
 
+def strict_json(line: str) -> dict:
+    """json.loads that refuses NaN and Infinity, as strict JSON readers (jq, JavaScript) do."""
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
 def test_inf_nan_updates_are_skipped_counted_and_stop_the_run(tmp_path, letters):
     """lr = 1e30 blows the weights up after the first update; every later loss is inf/nan."""
     run = tmp_path / "run"
@@ -270,8 +279,14 @@ def test_inf_nan_updates_are_skipped_counted_and_stop_the_run(tmp_path, letters)
     assert result.exit_code == 1
     assert error_lines(result.stderr) == 1 and "Traceback" not in result.stderr
     assert "3 updates in a row had an inf/nan loss or gradient" in result.stderr
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [strict_json(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]
-    assert train_records[-1]["nonfinite_steps"] == 3 and train_records[-1]["step"] < 40
+    assert train_records[-1]["nonfinite_steps"] == 3
+    # Skipped updates move neither the step counter nor the learning-rate schedule (fairseq's rule):
+    # one update was applied, and the three skipped ones all ran at step 2's learning rate.
+    assert train_records[-1]["step"] == 1
+    assert train_records[-1]["lr"] == learning_rate(2, d_model=32, warmup_steps=1, peak_lr=1e30)
+    assert train_records[-1]["loss"] is None and train_records[-1]["ppl"] is None
+    assert train_records[0]["loss"] is not None
     # The last weights (those of the last good update) were saved before stopping, at the stop's step.
-    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == train_records[-1]["step"]
+    assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == 1

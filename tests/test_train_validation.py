@@ -5,17 +5,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import sacrebleu
+import torch
 
 from conftest import REPO_ROOT, run_tfm_process
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
 
-def fresh_process_nll(checkpoint: Path, src: Path, tgt: Path) -> float:
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
+]
+
+
+def fresh_process_nll(checkpoint: Path, src: Path, tgt: Path, device: str) -> float:
     """Per-token negative log-likelihood (EOS counted) of the pairs under `checkpoint`, by `tfm score -m`."""
     result = run_tfm_process(
-        ["score", "-m", checkpoint, "--src", src, "--tgt", tgt, "--normalize", "none", "--json", "-q", "--threads", "1"]
+        ["score", "-m", checkpoint, "--src", src, "--tgt", tgt, "--normalize", "none", "--json", "-q",
+         "--threads", "1", "--device", device]
     )
     assert result.returncode == 0, result.stderr.decode()
     records = [json.loads(line) for line in result.stdout.decode().splitlines()]
@@ -24,11 +33,11 @@ def fresh_process_nll(checkpoint: Path, src: Path, tgt: Path) -> float:
     return -total / n_tokens
 
 
-def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float, max_len_b: int) -> float:
+def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float, max_len_b: int, device: str) -> float:
     """sacreBLEU of `tfm translate -b 1` (greedy, as validation decodes) against the references."""
     result = run_tfm_process(
         ["translate", "-m", checkpoint, "-i", src, "-b", "1", "--max-len-a", max_len_a, "--max-len-b", max_len_b,
-         "-q", "--threads", "1"]
+         "-q", "--threads", "1", "--device", device]
     )
     assert result.returncode == 0, result.stderr.decode()
     hypotheses = result.stdout.decode().splitlines()
@@ -36,7 +45,8 @@ def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float,
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
-def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters):
+@pytest.mark.parametrize("device", DEVICES)
+def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters, device):
     # The run trains with the optimizer `tfm train` always uses (fused AdamW, which updates weights
     # in place without bumping their version counter). Every validation must see the weights of
     # that moment: a cached copy of the first validation's weights once made every later figure wrong.
@@ -47,9 +57,12 @@ def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp
         "tokenizer.src_model": letters["spm"], "train.max_tokens": 256, "train.warmup_steps": 5,
         "train.max_steps": 30, "train.valid_every": 10, "train.save_every": 10, "train.keep_last": 5,
         "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
+        "train.precision": "fp32",  # translate and score -m run in float32
     }
     options = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
-    result = run_tfm_process(["train", TINY, "--run", run, "--threads", "1", "-q", *options], timeout=300)
+    result = run_tfm_process(
+        ["train", TINY, "--run", run, "--threads", "1", "-q", "--device", device, *options], timeout=300
+    )
     assert result.returncode == 0, result.stderr.decode()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     valid = {record["step"]: record for record in records if record["kind"] == "valid"}
@@ -58,7 +71,7 @@ def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp
     assert len({round(record["nll_loss"], 4) for record in valid.values()}) == 3
     for step, record in valid.items():
         checkpoint = run / f"checkpoint_{step:08d}.safetensors"
-        nll = fresh_process_nll(checkpoint, letters["valid_src"], letters["valid_tgt"])
+        nll = fresh_process_nll(checkpoint, letters["valid_src"], letters["valid_tgt"], device)
         assert abs(nll - record["nll_loss"]) <= 1e-4 * max(1.0, nll), (step, nll, record["nll_loss"])
-        bleu = fresh_process_bleu(checkpoint, letters["valid_src"], letters["valid_tgt"], 1.0, 4)
+        bleu = fresh_process_bleu(checkpoint, letters["valid_src"], letters["valid_tgt"], 1.0, 4, device)
         assert abs(bleu - record["bleu"]) <= 1e-6, (step, bleu, record["bleu"])

@@ -362,9 +362,9 @@ class LogEvent:
 
     step: int
     epoch: int  # 1-based epoch the last update belonged to
-    loss: float  # label-smoothed loss per target token (nats)
-    nll_loss: float
-    ppl: float
+    loss: float | None  # label-smoothed loss per target token (nats); None if every update was skipped
+    nll_loss: float | None
+    ppl: float | None
     lr: float
     grad_norm: float | None
     tgt_tokens_per_s: float
@@ -673,9 +673,13 @@ def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
 
 
 def write_metrics(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as a line to metrics.jsonl."""
+    """Append one JSON object as a line to metrics.jsonl; a non-finite number is written as null.
+
+    (NaN and Infinity are not JSON: strict readers, jq among them, reject the whole line.)
+    """
+    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.write(json.dumps(finite, sort_keys=True, allow_nan=False) + "\n")
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -968,7 +972,10 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
-            counters.step += 1
+            # A skipped update (inf/nan) leaves the weights, the step counter and so the learning-rate
+            # schedule where they were (as fairseq does); its batch is consumed all the same.
+            applied = not (stats.skipped or stats.nonfinite)
+            counters.step += applied
             counters.overflow_steps += stats.skipped
             counters.nonfinite_steps += stats.nonfinite
             counters.nonfinite_in_a_row = counters.nonfinite_in_a_row + 1 if stats.nonfinite else 0
@@ -976,26 +983,29 @@ class Trainer:
             now = time.monotonic()
             counters.elapsed += now - clock
             clock = now
-            if counters.step % config.log_every == 0:
+            # Periodic work is due when the step counter reaches a multiple, not again while it stands.
+            if applied and counters.step % config.log_every == 0:
                 self.log(window, lr)
                 window = LogWindow()
             if config.max_bad_steps and counters.nonfinite_in_a_row >= config.max_bad_steps:
                 # Skipped updates left the weights untouched: they are the last good ones, so save them.
+                if window.steps:
+                    self.log(window, lr)
                 self.save()
                 raise TfmError(
                     f"training diverged: {counters.nonfinite_in_a_row} updates in a row had an inf/nan loss or "
-                    f"gradient (up to step {counters.step}); the last good weights are in "
+                    f"gradient (after step {counters.step}); the last good weights are in "
                     f"{self.run_dir}/checkpoint_last.safetensors; lower train.lr or raise train.warmup_steps"
                 )
             validated = saved = False
-            if self.data.valid is not None and counters.step % config.valid_every == 0:
+            if self.data.valid is not None and applied and counters.step % config.valid_every == 0:
                 self.validate_on_main()
                 validated = True
             reason = self.agreed_stop_reason(should_stop)
             if self.data.valid is not None and reason not in (None, STOP_INTERRUPTED) and not validated:
                 self.validate_on_main()
                 validated = True
-            if counters.step % config.save_every == 0 or reason is not None:
+            if (applied and counters.step % config.save_every == 0) or reason is not None:
                 self.save()
                 saved = True
             if validated or saved:
@@ -1023,7 +1033,8 @@ class Trainer:
         event = LogEvent(
             step=self.counters.step,
             epoch=self.counters.epoch + (1 if self.counters.batch_in_epoch else 0),
-            loss=figures["loss"], nll_loss=figures["nll_loss"], ppl=math.exp(min(figures["nll_loss"], 100.0)),
+            loss=figures["loss"], nll_loss=figures["nll_loss"],
+            ppl=None if figures["nll_loss"] is None else math.exp(min(figures["nll_loss"], 100.0)),
             lr=lr, grad_norm=figures["grad_norm"],
             tgt_tokens_per_s=figures["tgt_tokens_per_s"], tokens_per_s=figures["tokens_per_s"],
             padding=figures["padding"], elapsed=self.counters.elapsed, eta=self.eta(seconds_per_step),
@@ -1040,20 +1051,26 @@ class LogWindow:
         self.started = time.monotonic()
         self.excluded = 0.0
         self.steps = 0
+        self.applied_steps = 0  # updates not skipped for inf/nan: only their losses are averaged
         self.loss_sum: torch.Tensor | float = 0.0
         self.nll_sum: torch.Tensor | float = 0.0
+        self.loss_tokens = 0  # target tokens of the applied updates
         self.grad_norm_sum: torch.Tensor | float | None = None
         self.tgt_tokens = self.src_tokens = self.padded = 0
 
     def add(self, stats: StepStats, batches: list[Batch]) -> None:
-        """Add one update's sums and token counts."""
+        """Add one update's token counts, and its losses and gradient norm unless it was skipped."""
         self.steps += 1
-        self.loss_sum = self.loss_sum + stats.loss_sum
-        self.nll_sum = self.nll_sum + stats.nll_sum
-        if stats.grad_norm is not None:
-            self.grad_norm_sum = (self.grad_norm_sum or 0.0) + stats.grad_norm
+        tgt_tokens = sum(batch.n_tgt_tokens for batch in batches)
+        if not (stats.skipped or stats.nonfinite):
+            self.applied_steps += 1
+            self.loss_sum = self.loss_sum + stats.loss_sum
+            self.nll_sum = self.nll_sum + stats.nll_sum
+            self.loss_tokens += tgt_tokens
+            if stats.grad_norm is not None:
+                self.grad_norm_sum = (self.grad_norm_sum or 0.0) + stats.grad_norm
+        self.tgt_tokens += tgt_tokens
         for batch in batches:
-            self.tgt_tokens += batch.n_tgt_tokens
             self.src_tokens += batch.n_src_tokens
             self.padded += batch.n_padded_tokens
 
@@ -1062,11 +1079,11 @@ class LogWindow:
         if not world.distributed:
             return
         sums = torch.tensor(
-            [float(self.loss_sum), float(self.nll_sum), self.tgt_tokens, self.src_tokens, self.padded],
+            [float(self.loss_sum), float(self.nll_sum), self.loss_tokens, self.tgt_tokens, self.src_tokens, self.padded],
             dtype=torch.float64, device=device,
         )
-        loss_sum, nll_sum, tgt_tokens, src_tokens, padded = distributed.all_reduce_sum(sums, world).tolist()
-        self.loss_sum, self.nll_sum = loss_sum, nll_sum
+        loss_sum, nll_sum, loss_tokens, tgt_tokens, src_tokens, padded = distributed.all_reduce_sum(sums, world).tolist()
+        self.loss_sum, self.nll_sum, self.loss_tokens = loss_sum, nll_sum, int(loss_tokens)
         self.tgt_tokens, self.src_tokens, self.padded = int(tgt_tokens), int(src_tokens), int(padded)
 
     def exclude(self, seconds: float) -> None:
@@ -1074,13 +1091,14 @@ class LogWindow:
         self.excluded += seconds
 
     def figures(self) -> dict[str, Any]:
-        """Per-token losses, mean gradient norm, throughput and padding share of the interval."""
+        """Per-token losses and mean gradient norm of the applied updates (None if every update was
+        skipped), throughput and padding share of the interval."""
         seconds = max(time.monotonic() - self.started - self.excluded, 1e-9)
-        tokens = max(self.tgt_tokens, 1)
-        grad_norm = None if self.grad_norm_sum is None else float(self.grad_norm_sum) / self.steps
+        applied = self.loss_tokens > 0
+        grad_norm = None if self.grad_norm_sum is None else float(self.grad_norm_sum) / self.applied_steps
         return {
-            "loss": float(self.loss_sum) / tokens,
-            "nll_loss": float(self.nll_sum) / tokens,
+            "loss": float(self.loss_sum) / self.loss_tokens if applied else None,
+            "nll_loss": float(self.nll_sum) / self.loss_tokens if applied else None,
             "grad_norm": grad_norm,
             "tgt_tokens_per_s": self.tgt_tokens / seconds,
             "tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,

@@ -123,6 +123,10 @@ class TrainDisplay:
             self.progress.update(self.task, completed=event.step)
 
     def log(self, event) -> None:
+        if event.loss is None:
+            skipped = event.overflow_steps + event.nonfinite_steps
+            self.print(f"step {event.step:,} | every update of this interval was skipped ({skipped} in all so far)")
+            return
         eta = f" | ETA {format_seconds(event.eta)}" if event.eta is not None else ""
         norm = f" | gnorm {event.grad_norm:.2f}" if event.grad_norm is not None else ""
         if event.overflow_steps:

@@ -1,0 +1,94 @@
+"""CUDA: the model, the searches and training on a GPU agree with the CPU (run by bench/gpu_check.sh).
+
+Every test here needs a CUDA device and is skipped, with that reason, on a machine without one
+(CI has none). References are the CPU results of the same weights, computed in the same test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, run_tfm_process, tiny_config
+from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.config import DecodeConfig
+from tfm_cli.model import Transformer
+from tfm_cli.search import beam_search, greedy_search
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+TINY = REPO_ROOT / "recipes" / "tiny.toml"
+
+
+def model_pair(**overrides) -> tuple[Transformer, Transformer]:
+    """The same seeded tiny model on the CPU and on CUDA, in eval mode."""
+    torch.manual_seed(0)
+    cpu = Transformer(tiny_config(**overrides)).eval()
+    gpu = Transformer(tiny_config(**overrides)).eval()
+    gpu.load_state_dict(cpu.state_dict())
+    return cpu, gpu.cuda()
+
+
+def test_forward_on_cuda_matches_the_cpu():
+    cpu, gpu = model_pair()
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (3, 9), generator=generator)
+    tgt = torch.randint(4, 40, (3, 7), generator=generator)
+    src[1, 6:] = 0  # padding
+    with torch.no_grad():
+        expected = cpu(src, tgt)
+        actual = gpu(src.cuda(), tgt.cuda()).cpu()
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_incremental_decoding_on_cuda_equals_the_full_forward():
+    _, gpu = model_pair()
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 11, 3, 0]], device="cuda")
+    tgt_in = torch.tensor([[2, 12, 13, 14], [2, 15, 16, 17]], device="cuda")
+    with torch.no_grad():
+        full = gpu(src, tgt_in)  # (B, T, V)
+        state = gpu.start_decoding(gpu.encode(src))
+        steps = [gpu.decode_step(tgt_in[:, t], state).logits for t in range(tgt_in.size(1))]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_and_beam_search_on_cuda_match_the_cpu():
+    cpu, gpu = model_pair(tgt_vocab_size=40, src_vocab_size=40)
+    generator = torch.Generator().manual_seed(2)
+    src = torch.randint(4, 40, (12, 8), generator=generator)
+    src[:, -1] = 3  # EOS
+    config = DecodeConfig(beam_size=4, nbest=1, max_len_a=1.0, max_len_b=3)
+    pairs = list(zip(greedy_search(cpu, src), greedy_search(gpu, src.cuda())))
+    pairs += [(a[0], b[0]) for a, b in zip(beam_search(cpu, src, config), beam_search(gpu, src.cuda(), config))]
+    same = [(a, b) for a, b in pairs if a.tokens == b.tokens]
+    # A random model's close calls may round the other way on another device; most must not.
+    assert len(same) >= 0.8 * len(pairs), [(a.tokens, b.tokens) for a, b in pairs]
+    for a, b in same:
+        assert a.score == pytest.approx(b.score, abs=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_on_cuda_learns_and_loads_on_the_cpu(tmp_path, letters, precision):
+    run = tmp_path / "run"
+    values = {
+        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
+        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
+        "tokenizer.src_model": letters["spm"], "train.max_tokens": 256, "train.warmup_steps": 20,
+        "train.max_steps": 200, "train.valid_every": 200, "train.save_every": 200, "train.log_every": 10,
+        "train.precision": precision,
+    }
+    options = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    result = run_tfm_process(["train", TINY, "--run", run, "--device", "cuda", "-q", *options], timeout=600)
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    checkpoint = read_checkpoint(run / "checkpoint_last.safetensors")
+    assert all(t.device.type == "cpu" and bool(torch.isfinite(t).all()) for t in checkpoint.weights.values())
+    translated = run_tfm_process(
+        ["translate", "-m", run / "checkpoint_last.safetensors", "-i", letters["valid_src"], "--device", "cpu", "-q"]
+    )
+    assert translated.returncode == 0, translated.stderr.decode()
+    assert len(translated.stdout.decode().splitlines()) == 20
