@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfm_cli.config import PAD_ID, ModelConfig
+from tfm_cli.config import ModelConfig
+from tfm_cli.special_ids import PAD_ID
 from tfm_cli.data import Batch, batch_indices, collate, epoch_generator, read_parallel, tokenize_parallel
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table

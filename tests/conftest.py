@@ -126,3 +126,13 @@ def letters(tmp_path_factory) -> dict[str, Path]:
 
     spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
     return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}
+
+
+def letter_settings(letters: dict[str, Path], **values: object) -> list[str]:
+    """`tfm train --set` options: the letter data and its tokenizer, then `values` ({"train.seed": 2, ...})."""
+    settings = {
+        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
+        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
+        "tokenizer.src_model": letters["spm"], **values,
+    }
+    return [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]

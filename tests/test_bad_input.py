@@ -101,8 +101,8 @@ def text_command(name: str, path: Path, output: Path, spm: Path, checkpoint: Pat
         # TER is left out: sacrebleu's TER takes minutes on the 100k-character line (tests/README.md).
         "score-metrics": ["score", "-r", path, "-i", path, "-o", output, "-q", "--metrics", "bleu,chrf"],
         "score-model": ["score", "-m", checkpoint, "--src", path, "--tgt", path, "-o", output, "-q", "--device", "cpu"],
-        "inspect-attention": ["inspect-attention", "-m", checkpoint, "-i", path, "--format", "pharaoh", "-q",
-                              "--beam", "1", "--device", "cpu"],
+        "inspect-attention": ["inspect-attention", "-m", checkpoint, "-i", path, "-o", output, "--format", "pharaoh",
+                              "-q", "--beam", "1", "--device", "cpu"],
     }[name]
 
 
@@ -149,11 +149,11 @@ def test_text_input(command, case, tmp_path, small_spm, random_checkpoint):
     output.parent.mkdir()
     result = run_cli(text_command(command, path, output, small_spm, random_checkpoint))
     expect = TEXT_MATRIX[command][case]
-    has_output_option = command != "inspect-attention"
     if expect.error is not None:
-        assert_error(result, expect.error, output if has_output_option else None)
+        assert_error(result, expect.error, output)
         return
-    text = output.read_text(encoding="utf-8") if has_output_option else result.stdout
+    assert result.stdout == ""
+    text = output.read_text(encoding="utf-8")
     assert_tolerated(result, expect, text)
     assert not list(output.parent.glob(".*.tmp"))
     if command == "translate" and case == "blank_lines":
@@ -234,7 +234,15 @@ def bad_checkpoint(case: str, folder: Path, good: Path) -> Path:
         save_file({"weight": torch.zeros(2, 2)}, str(path))
     elif case == "pickle":
         path.write_bytes(pickle.dumps({"model": Unpickled(folder / "unpickled-marker")}))
+    elif case == "sentencepiece_model":
+        path.write_bytes(sentencepiece_bytes(good))
     return path
+
+
+def sentencepiece_bytes(checkpoint: Path) -> bytes:
+    """The sentencepiece model embedded in `checkpoint` (what `tfm tokenize train` wrote as a .model file)."""
+    with safe_open(str(checkpoint), framework="pt") as f:
+        return f.get_tensor("tokenizer.src").numpy().tobytes()
 
 
 CHECKPOINT_CASES = {
@@ -246,6 +254,7 @@ CHECKPOINT_CASES = {
     "format_version_2": "format version '2' is not supported",
     "plain_safetensors": "not a tfm checkpoint",
     "pickle": "not a safetensors file",
+    "sentencepiece_model": "a sentencepiece model, not a tfm checkpoint",
 }
 
 
@@ -278,6 +287,17 @@ def test_bad_checkpoint(command, case, tmp_path, random_checkpoint):
     assert_error(result, CHECKPOINT_CASES[case], output)
     assert result.stdout == ""
     assert not (tmp_path / "unpickled-marker").exists(), "the pickle was unpickled"
+
+
+@pytest.mark.parametrize("command", ["translate", "score-model", "inspect-attention"])
+def test_a_sentencepiece_model_given_as_the_checkpoint_says_what_to_pass(command, tmp_path, small_spm, random_checkpoint):
+    source = tmp_path / "source.txt"
+    source.write_text("Ein Hund\n", encoding="utf-8")
+    output = tmp_path / "result.txt"
+    result = run_cli(checkpoint_command(command, small_spm, source, output, random_checkpoint))
+    assert_error(result, f"{small_spm}: a sentencepiece model, not a tfm checkpoint", output)
+    assert "checkpoint_best.safetensors" in result.stderr and "tokenizer inside" in result.stderr
+    assert result.stdout == ""
 
 
 # ---------------------------------------------------------------- train: recipes and data

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import REPO_ROOT, run_tfm_process, tiny_config
+from conftest import REPO_ROOT, letter_settings, run_tfm_process, tiny_config
 from tfm_cli.checkpoint import read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import Transformer
@@ -72,14 +72,12 @@ def test_greedy_and_beam_search_on_cuda_match_the_cpu():
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_on_cuda_learns_and_loads_on_the_cpu(tmp_path, letters, precision):
     run = tmp_path / "run"
-    values = {
-        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
-        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
-        "tokenizer.src_model": letters["spm"], "train.max_tokens": 256, "train.warmup_steps": 20,
-        "train.max_steps": 200, "train.valid_every": 200, "train.save_every": 200, "train.log_every": 10,
-        "train.precision": precision,
-    }
-    options = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    options = letter_settings(
+        letters, **{
+            "train.max_tokens": 256, "train.warmup_steps": 20, "train.max_steps": 200, "train.valid_every": 200,
+            "train.save_every": 200, "train.log_every": 10, "train.precision": precision,
+        },
+    )
     result = run_tfm_process(["train", TINY, "--run", run, "--device", "cuda", "-q", *options], timeout=600)
     assert result.returncode == 0, result.stderr.decode()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID
+from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 from tfm_cli.data import (
     FilterStats,
     TokenizedCorpus,

@@ -66,7 +66,7 @@ def test_grouped_rows_share_one_cross_cache_per_sentence_and_match_full_decoding
         prefixes = [[model.config.bos_id] for _ in range(6)]
         tokens = torch.full((6,), model.config.bos_id)
         # Steps 1-2: beams move within their sentence; step 3: sentence 0 leaves; step 4: the last
-        # sentence is padded with a copy of its group, as search.padded_rows does.
+        # sentence is padded with a copy of its group, as decoding.padded_rows does.
         reorders = [
             torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([0, 1, 3, 3, 4, 4]),
             torch.tensor([2, 3, 4, 5]), torch.tensor([2, 3, 2, 3]),

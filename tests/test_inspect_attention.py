@@ -7,6 +7,7 @@ import io
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -237,6 +238,79 @@ def test_png_written_or_clear_message(random_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `plot` extra were not installed
     result = run_cli(args)
     assert result.exit_code == 1 and "pip install 'tfm-cli[plot]'" in result.stderr
+
+
+def unwritable_folder(tmp_path) -> Path:
+    """A folder no file can be created in: a read-only one, or (as root, who ignores permissions) /sys."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys")):
+        try:
+            (candidate / "probe.png").touch()
+        except OSError:
+            return candidate
+        (candidate / "probe.png").unlink()
+    pytest.skip("no unwritable folder on this machine")
+
+
+def png_case(case: str, tmp_path) -> tuple[Path, str]:
+    """The --png path of a case and the fragment of its error line."""
+    if case == "no matplotlib":
+        return tmp_path / "attention.png", "--png needs matplotlib, which is not installed: pip install 'tfm-cli[plot]'"
+    if case == "suffix":
+        return tmp_path / "attention.jpg", "give a file name ending in .png"
+    if case == "missing folder":
+        return tmp_path / "no-such-folder" / "attention.png", "folder " + str(tmp_path / "no-such-folder") + " does not exist"
+    if case == "unwritable folder":
+        return unwritable_folder(tmp_path) / "attention.png", "cannot write in folder"
+    (tmp_path / "attention.png").mkdir()
+    return tmp_path / "attention.png", "is a directory"
+
+
+@pytest.mark.parametrize("case", ["no matplotlib", "suffix", "missing folder", "unwritable folder", "directory"])
+def test_png_problems_stop_before_any_work(random_checkpoint, tmp_path, monkeypatch, case):
+    image, message = png_case(case, tmp_path)
+    if case == "no matplotlib":
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `plot` extra were not installed
+    # No --target: the model would translate SENTENCE first (and say so on stderr) if the check came late.
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "--png", image])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("error:") and message in result.stderr, result.stderr
+    assert result.stdout == ""
+    # The check comes before the model is even read: a missing checkpoint is not what it reports.
+    missing = run_cli(["inspect-attention", "-m", tmp_path / "missing.safetensors", SOURCE, "--png", image])
+    assert missing.exit_code == 1 and message in missing.stderr, missing.stderr
+
+
+@pytest.mark.parametrize("output_format", ["heatmap", "pharaoh", "json", "csv"])
+def test_output_file_holds_what_stdout_would(random_checkpoint, tmp_path, output_format):
+    args = ["inspect-attention", "-m", random_checkpoint, SOURCE, "--target", TARGET, "--words", "--format", output_format]
+    to_stdout = run_cli(args)
+    assert to_stdout.exit_code == 0, to_stdout.stderr
+    output = tmp_path / f"attention.{output_format}"
+    to_file = run_cli([*args, "-o", output])
+    assert to_file.exit_code == 0, to_file.stderr
+    assert to_file.stdout == ""
+    assert output.read_text(encoding="utf-8") == to_stdout.stdout
+    walkthrough = run_cli(["inspect-attention", "--walkthrough", "--seed-example", "-o", output])
+    assert walkthrough.exit_code == 0 and walkthrough.stdout == ""
+    assert "softmax rows" in output.read_text(encoding="utf-8")
+
+
+def test_output_file_is_not_left_half_written(random_checkpoint, tmp_path):
+    sources, targets = tmp_path / "src", tmp_path / "tgt"
+    sources.write_text(f"{SOURCE}\nEin Hund .\n", encoding="utf-8")
+    targets.write_text(f"{TARGET}\n", encoding="utf-8")  # one line short: an error after the first sentence
+    output = tmp_path / "out" / "test.align"
+    output.parent.mkdir()
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", targets,
+                      "--format", "pharaoh", "-o", output])
+    assert result.exit_code == 1 and "--target-file has 1 lines" in result.stderr
+    assert list(output.parent.iterdir()) == []
+    missing = run_cli(["inspect-attention", "--walkthrough", "--seed-example", "-o", tmp_path / "nope" / "x.txt"])
+    assert missing.exit_code == 1 and "output folder does not exist" in missing.stderr
 
 
 @pytest.mark.parametrize(

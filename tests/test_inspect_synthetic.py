@@ -24,7 +24,8 @@ STEPS = 200
 def trained_synthetic(tmp_path_factory):
     """(checkpoint path, test source file, test target file, gold Pharaoh lines)."""
     from tfm_cli.checkpoint import save_model
-    from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+    from tfm_cli.config import ModelConfig
+    from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
     from tfm_cli.model import Transformer
     from tfm_cli.synthetic import generate_pairs
     from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece

@@ -12,7 +12,7 @@ from conftest import run_cli
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from tfm_cli.checkpoint import load_model
-from tfm_cli.config import BOS_ID, EOS_ID
+from tfm_cli.special_ids import BOS_ID, EOS_ID
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,14 @@ def test_scores_equal_directly_summed_token_log_probs(random_checkpoint, pairs):
     loaded = load_model(random_checkpoint)
     for record, s, t in zip(records, src, tgt):
         expected = direct_log_probs(loaded, s, t)
-        assert record["tokens"] == len(expected)
+        assert record["schema"] == "tfm-score/1"
+        # As in translate --json: `tokens` are the target's pieces (EOS not listed), n_scored_tokens counts EOS too.
+        assert [loaded.tgt_tokenizer.piece_to_id(piece) for piece in record["tokens"]] == loaded.tgt_tokenizer.encode_ids(t)
+        assert record["n_scored_tokens"] == len(record["tokens"]) + 1 == len(expected)
         assert record["raw"] == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-4)
         # --normalize length is the default: raw / ((5 + n) / 6) ** 0.6, as translate --scores prints.
-        assert record["score"] == pytest.approx(record["raw"] / ((5 + record["tokens"]) / 6) ** 0.6, abs=1e-9)
+        n = record["n_scored_tokens"]
+        assert record["score"] == pytest.approx(record["raw"] / ((5 + n) / 6) ** 0.6, abs=1e-9)
         torch.testing.assert_close(torch.tensor(record["token_log_probs"]), expected, atol=1e-4, rtol=1e-5)
     assert "nats/token" in result.stderr
 
@@ -65,7 +69,7 @@ def test_normalizations_follow_the_score_convention(random_checkpoint, pairs, no
     assert run.exit_code == 0, run.stderr
     values = [float(line) for line in run.stdout.splitlines()]
     for value, record in zip(values, map(json.loads, raw_run.stdout.splitlines())):
-        n = record["tokens"]  # EOS included
+        n = record["n_scored_tokens"]  # EOS included
         # GNMT length penalty ((5 + n) / 6) ** alpha, written out here independently of search.py.
         expected = record["raw"] / ((5 + n) / 6) ** 0.8 if normalize == "length" else record["raw"] / n
         assert value == pytest.approx(expected, abs=2e-6)

@@ -130,3 +130,35 @@ def test_training_twice_gives_the_same_bytes_and_sentencepieces_own_vocab_file(t
     )
     reference_vocab = (tmp_path / "reference.vocab").read_text(encoding="utf-8")
     assert (tmp_path / "a" / "spm.vocab").read_text(encoding="utf-8") == reference_vocab
+
+
+def flat(text: str) -> str:
+    """`text` with every run of whitespace (rich's line wrapping) as one space."""
+    return " ".join(text.split())
+
+
+def test_group_help_has_examples():
+    result = run_cli(["tokenize", "--help"])
+    assert result.exit_code == 0, result.stderr
+    help_text = flat(result.stdout)
+    assert "Examples:" in help_text
+    for command in ("train", "encode", "decode"):
+        assert f"tfm tokenize {command} " in help_text
+
+
+def test_decode_help_says_ids_of_unknown_characters_do_not_round_trip():
+    help_text = flat(run_cli(["tokenize", "decode", "--help"]).stdout)
+    assert "exact inverse" not in help_text
+    assert "<unk>" in help_text and "⁇" in help_text
+    assert "tfm tokenize train --byte-fallback" in help_text
+
+
+def test_unknown_characters_round_trip_as_pieces_but_not_as_ids(letters):
+    # What decode --help says: the letters model knows a-h only, so x and y are outside its vocabulary.
+    text = "a b xy c\n"
+    pieces = run_cli(["tokenize", "encode", "-m", letters["spm"]], input=text).stdout
+    assert run_cli(["tokenize", "decode", "-m", letters["spm"]], input=pieces).stdout == text
+    ids = run_cli(["tokenize", "encode", "-m", letters["spm"], "--ids"], input=text).stdout
+    assert "1" in ids.split()  # <unk>
+    decoded = run_cli(["tokenize", "decode", "-m", letters["spm"], "--ids"], input=ids).stdout
+    assert decoded != text and "⁇" in decoded

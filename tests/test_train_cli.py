@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO_ROOT, run_cli
+from conftest import REPO_ROOT, letter_settings, run_cli
 from tfm_cli.checkpoint import read_checkpoint
 from tfm_cli.training import learning_rate
 from tfm_cli.textio import temp_file_beside
@@ -25,15 +25,12 @@ TINY = REPO_ROOT / "recipes" / "tiny.toml"
 def settings(letters: dict[str, Path], **train: object) -> list[str]:
     """--set options: the tiny recipe on the letter data, with dropout on (so RNG state matters) and `train` keys."""
     values = {
-        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
-        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
-        "tokenizer.src_model": letters["spm"],
         "model.dropout": 0.1, "model.attention_dropout": 0.1,
         "train.max_tokens": 256, "train.update_freq": 2, "train.warmup_steps": 5, "train.log_every": 1,
         "train.valid_every": 5, "train.save_every": 1000, "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 2,
     }
     values.update({f"train.{key}": value for key, value in train.items()})
-    return [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    return letter_settings(letters, **values)
 
 
 def train(run: Path, options: list[str], resume: bool = False, recipe: Path | None = TINY):

@@ -1,7 +1,8 @@
-"""`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, a failing rank.
+"""`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, failing ranks.
 
-Three torchrun launches in all (each a few seconds of torch imports): a straight 2-process run, and a
-2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed.
+Five torchrun launches in all (each a few seconds of torch imports): a straight 2-process run; a
+2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
+whose rank 0 fails while preparing the data; and one with fewer batches than ranks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.distributed import FAIL_AT_ENV
+from tfm_cli.training import STATE_FILE
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 STEPS = 4
@@ -43,17 +45,38 @@ def options(data: dict[str, Path], **train: object) -> list[str]:
     return [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
 
 
-def torchrun(run: Path, settings: list[str], resume: bool = False, env: dict[str, str] | None = None):
-    """`python -m torch.distributed.run --standalone --nproc-per-node 2 -m tfm_cli train ...` (--run-dir: see train)."""
+def torchrun(
+    run: Path, settings: list[str], resume: bool = False, env: dict[str, str] | None = None,
+    log_dir: Path | None = None, timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc-per-node 2 -m tfm_cli train ...` (--run-dir: see train).
+
+    With log_dir, each rank's stderr also goes to a file there (see rank_stderr). Past `timeout` seconds,
+    torchrun gets SIGTERM (which it passes on to the workers, in their own sessions) and TimeoutExpired is raised.
+    """
     args = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        *(["--log-dir", str(log_dir), "--tee", "2"] if log_dir else []),
         "-m", "tfm_cli", "train", str(TINY), "--run-dir", str(run), "--threads", "1", *settings,
         *(["--resume"] if resume else []),
     ]
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=120,
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # a plain kill would leave the workers running until train.dist_timeout
+        process.communicate(timeout=60)
+        raise
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def rank_stderr(log_dir: Path, rank: int) -> str:
+    """The stderr of one rank of a torchrun launch with --log-dir (LOG_DIR/RUN_ID/attempt_0/RANK/stderr.log)."""
+    (path,) = log_dir.glob(f"*/attempt_0/{rank}/stderr.log")
+    return path.read_text()
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -108,3 +131,40 @@ def test_resume_with_another_number_of_processes_is_refused(data, two_process_ru
                       "--set", f"train.max_steps={STEPS + 1}"])
     assert result.exit_code == 1
     assert "trained with 2 process(es) but this resume has 1" in result.stderr
+
+
+# Both failures below must end the run long before train.dist_timeout: a rank waiting out the timeout is the bug.
+FAIL_FAST_S = 120
+
+
+def assert_every_rank_fails_with_one_error_line(result: subprocess.CompletedProcess, log_dir: Path) -> list[str]:
+    """Each rank's `error:` line (exactly one per rank, and no traceback), after checking the run failed."""
+    assert result.returncode != 0
+    lines = []
+    for rank in (0, 1):
+        stderr = rank_stderr(log_dir, rank)
+        assert "Traceback" not in stderr, stderr
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, stderr
+        lines.append(errors[0])
+    return lines
+
+
+def test_a_rank_0_failure_while_preparing_the_data_stops_every_rank_at_once(tmp_path, data):
+    short = tmp_path / "valid_short.tgt"  # one line fewer than valid_src: rank 0's data check fails
+    short.write_text("".join(data["valid_tgt"].read_text().splitlines(keepends=True)[:-1]))
+    settings = options({**data, "valid_tgt": short}, dist_timeout=600)
+    result = torchrun(tmp_path / "run", settings, log_dir=tmp_path / "logs", timeout=FAIL_FAST_S)
+    rank0, rank1 = assert_every_rank_fails_with_one_error_line(result, tmp_path / "logs")
+    assert "has 20 lines but" in rank0 and "has 19" in rank0
+    assert rank1 == f"error: rank 0 failed while preparing the data: {rank0.removeprefix('error: ')}"
+
+
+def test_fewer_batches_than_ranks_is_refused_on_every_rank(tmp_path, data):
+    # 200 short pairs fit in one batch of 100,000 tokens: rank 1 would get no batch at all.
+    settings = options(data, max_tokens=100_000, dist_timeout=600)
+    result = torchrun(tmp_path / "run", settings, log_dir=tmp_path / "logs", timeout=FAIL_FAST_S)
+    for line in assert_every_rank_fails_with_one_error_line(result, tmp_path / "logs"):
+        assert "makes 1 batch(es) (train.max_tokens=100000) but there are 2 processes" in line
+        assert "lower train.max_tokens or use fewer processes" in line
+    assert not (tmp_path / "run" / STATE_FILE).exists()

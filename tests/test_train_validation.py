@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 import torch
 
-from conftest import REPO_ROOT, run_tfm_process
+from conftest import REPO_ROOT, letter_settings, run_tfm_process
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
@@ -49,17 +49,15 @@ def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float,
 def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters, device):
     # The run trains with the optimizer `tfm train` always uses (fused AdamW, which updates weights
     # in place without bumping their version counter). Every validation must see the weights of
-    # that moment: a cached copy of the first validation's weights once made every later figure wrong.
+    # that moment: a cached copy of an earlier validation's weights would make every later figure wrong.
     run = tmp_path / "run"
-    values = {
-        "data.train_src": letters["train_src"], "data.train_tgt": letters["train_tgt"],
-        "data.valid_src": letters["valid_src"], "data.valid_tgt": letters["valid_tgt"],
-        "tokenizer.src_model": letters["spm"], "train.max_tokens": 256, "train.warmup_steps": 5,
-        "train.max_steps": 30, "train.valid_every": 10, "train.save_every": 10, "train.keep_last": 5,
-        "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
-        "train.precision": "fp32",  # translate and score -m run in float32
-    }
-    options = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    options = letter_settings(
+        letters, **{
+            "train.max_tokens": 256, "train.warmup_steps": 5, "train.max_steps": 30, "train.valid_every": 10,
+            "train.save_every": 10, "train.keep_last": 5, "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
+            "train.precision": "fp32",  # translate and score -m run in float32
+        },
+    )
     result = run_tfm_process(
         ["train", TINY, "--run", run, "--threads", "1", "-q", "--device", device, *options], timeout=300
     )

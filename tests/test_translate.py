@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from tfm_cli.alignment import parse_pharaoh
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.search import length_penalty
-from tfm_cli.translation import BatchingConfig, TranslationStats, Translator, read_chunks
+from tfm_cli.translation import BatchingConfig, TranslationStats, Translator, read_chunks, translate_stream
 from translate_support import one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 
@@ -157,3 +158,61 @@ def test_read_chunks_answers_a_pause_before_the_chunk_is_full():
     assert time.perf_counter() - started < 2
     arrived.set()
     assert list(chunks) == [["c"]]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_terminal_on_stdin_is_told_where_input_is_read(random_checkpoint, quiet):
+    import os
+    import pty
+    import subprocess
+
+    # stdin a terminal (a pseudo-terminal here), as when someone runs `tfm translate -m M` and waits.
+    terminal, terminal_side = pty.openpty()
+    command = [sys.executable, "-m", "tfm_cli", "translate", "-m", random_checkpoint, "--beam", "1",
+               "--max-len-a", "0", "--max-len-b", "4", "--threads", "1", *(["-q"] if quiet else [])]
+    process = subprocess.Popen(command, stdin=terminal_side, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(terminal_side)
+    try:
+        os.write(terminal, b"Ein Hund .\n\x04")  # one line, then Ctrl-D at the start of a line: end of input
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        os.close(terminal)
+    assert process.returncode == 0, stderr.decode()
+    assert len(stdout.decode().splitlines()) == 1
+    told = "reading source lines from stdin (Ctrl-D to end)" in stderr.decode()
+    assert told != quiet, stderr.decode()
+
+
+def test_piped_input_gets_no_terminal_hint(random_checkpoint):
+    result = run_cli(["translate", "-m", random_checkpoint, "--beam", "1", "--max-len-b", "4"], input="Ein Hund .\n")
+    assert result.exit_code == 0, result.stderr
+    assert "Ctrl-D" not in result.stderr and "translated 1 lines" in result.stderr
+
+
+def test_translation_time_leaves_out_waiting_for_input(random_checkpoint, monkeypatch):
+    # Someone types a line, reads the answer, thinks for an hour, types the next: the summary's
+    # "translated N lines in X s" must count the translating, not the hour. The hour passes on a
+    # shifted clock (time.perf_counter + 1 h per line typed), not in the test.
+    import threading
+    import time
+
+    decode = DecodeConfig(beam_size=1, max_len_a=0.0, max_len_b=4)
+    translator = Translator(load_model(random_checkpoint), decode, BatchingConfig(buffer_size=1))
+    hour, idle_hours, real_clock = 3600.0, [], time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + hour * len(idle_hours))
+    answered = threading.Semaphore(0)
+
+    def typed_lines():
+        for number, line in enumerate(["Ein Hund .", "Eine Katze ."]):
+            if number:
+                answered.acquire()  # the next line is typed only after the previous answer was shown
+            idle_hours.append(1)
+            yield line
+
+    stats = TranslationStats()
+    for chunk in translate_stream(translator, typed_lines(), stats):
+        assert len(chunk) == 1
+        answered.release()
+    assert stats.lines == 2 and len(idle_hours) == 2
+    assert 0 < stats.seconds < hour

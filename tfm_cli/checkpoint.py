@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
@@ -34,6 +35,7 @@ SRC_TOKENIZER_KEY = "tokenizer.src"
 TGT_TOKENIZER_KEY = "tokenizer.tgt"
 TOKENIZER_PREFIX = "tokenizer."
 HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
+SENTENCEPIECE_LIMIT = 64 * 1024 * 1024  # larger files are not tried as sentencepiece models
 
 
 @dataclass
@@ -148,10 +150,33 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def is_sentencepiece_model(path: Path) -> bool:
+    """Whether `path` parses as a sentencepiece model (a protobuf): the usual mix-up when -m wants a checkpoint."""
+    if path.stat().st_size > SENTENCEPIECE_LIMIT:
+        return False
+    with open(path, "rb") as f:
+        # A serialized ModelProto starts with its pieces (field 1, length-delimited): tag byte 0x0A.
+        if f.read(1) != b"\n":
+            return False
+    try:
+        spm.SentencePieceProcessor().LoadFromSerializedProto(path.read_bytes())
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
 def read_checkpoint(path: Path | str) -> Checkpoint:
     """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file."""
     path = check_input_file(path, "checkpoint")
-    header = read_header(path)
+    try:
+        header = read_header(path)
+    except TfmError:
+        if is_sentencepiece_model(path):
+            raise TfmError(
+                f"{path}: a sentencepiece model, not a tfm checkpoint; pass the .safetensors checkpoint "
+                "`tfm train` writes (e.g. runs/NAME/checkpoint_best.safetensors), which has its tokenizer inside"
+            ) from None
+        raise
     metadata = header.get("__metadata__") or {}
     if metadata.get("format") != FORMAT_NAME:
         raise TfmError(f"{path}: a safetensors file, but not a tfm checkpoint (no format={FORMAT_NAME!r} metadata)")

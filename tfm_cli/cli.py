@@ -9,9 +9,9 @@ import os
 import sys
 
 import typer
-from typer.core import TyperGroup
 
 from tfm_cli import __version__
+from tfm_cli.commands import TfmCommand, TfmCommandGroup
 from tfm_cli.commands import average, inspect_attention, score, tokenize, train, translate
 from tfm_cli.console import print_error
 from tfm_cli.errors import TfmError
@@ -30,8 +30,8 @@ def silence_stdout() -> None:
         pass
 
 
-class TfmGroup(TyperGroup):
-    """A Typer group that maps TfmError, Ctrl-C and a closed stdout to clean exits (no traceback)."""
+class TfmGroup(TfmCommandGroup):
+    """The root group: maps TfmError, Ctrl-C and a closed stdout to clean exits (no traceback)."""
 
     def invoke(self, ctx: typer.Context):
         try:
@@ -85,11 +85,11 @@ def root(
 
 
 app.add_typer(tokenize.app, name="tokenize")
-app.command("train", epilog=train.EPILOG)(train.train)
-app.command("average", epilog=average.EPILOG)(average.average)
-app.command("translate", epilog=translate.EPILOG)(translate.translate)
-app.command("score", epilog=score.EPILOG)(score.score)
-app.command("inspect-attention", epilog=inspect_attention.EPILOG)(inspect_attention.inspect_attention)
+app.command("train", epilog=train.EPILOG, cls=TfmCommand)(train.train)
+app.command("average", epilog=average.EPILOG, cls=TfmCommand)(average.average)
+app.command("translate", epilog=translate.EPILOG, cls=TfmCommand)(translate.translate)
+app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
+app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Frozen dataclass configs (model, training, decoding), TOML recipes and `--set` overrides.
+"""Frozen dataclass configs (model, tokenizer training, training, decoding), TOML recipes, overrides.
 
 Precedence everywhere: dataclass defaults < recipe file < command line. Unknown keys and wrong
 types are errors that name the key, never silently ignored.
@@ -13,17 +13,13 @@ import tomllib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from tfm_cli.errors import TfmError
-
-if TYPE_CHECKING:
-    from tfm_cli.tokenizer import TokenizerTrainConfig
+from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 ConfigT = TypeVar("ConfigT")
 
-# Fixed when the tokenizer is trained (sentencepiece has no pad id by default, so we set all four).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -268,6 +264,32 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TokenizerTrainConfig:
+    """Settings for training one sentencepiece model."""
+
+    vocab_size: int = 8000
+    model_type: str = "unigram"
+    character_coverage: float = 1.0
+    user_defined_symbols: tuple[str, ...] = ()
+    byte_fallback: bool = False
+    # Sample at most this many sentences for training (0 = all); keeps huge corpora tractable.
+    input_sentence_size: int = 0
+    # "identity" keeps text byte-exact (decode inverts encode, double spaces and NBSP included);
+    # "nmt_nfkc" is sentencepiece's default, which folds Unicode variants and collapses spaces.
+    normalization: str = "identity"
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ("unigram", "bpe"):
+            raise TfmError(f"tokenizer model type must be 'unigram' or 'bpe', got {self.model_type!r}")
+        if self.normalization not in ("identity", "nmt_nfkc"):
+            raise TfmError(f"normalization must be 'identity' or 'nmt_nfkc', got {self.normalization!r}")
+        if self.vocab_size < 8:
+            raise TfmError(f"vocab size must be at least 8, got {self.vocab_size}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise TfmError(f"character coverage must be in (0, 1], got {self.character_coverage}")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the parallel text is, and which pairs training keeps."""
 
@@ -299,8 +321,6 @@ class TokenizerConfig:
 
     def train_settings(self) -> TokenizerTrainConfig:
         """The sentencepiece training settings (defaults where the recipe gives none)."""
-        from tfm_cli.tokenizer import TokenizerTrainConfig
-
         return self.train if self.train is not None else TokenizerTrainConfig()
 
 
@@ -344,8 +364,6 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
 
     Raises TfmError naming the first unknown section or key, wrong type or missing required key.
     """
-    from tfm_cli.tokenizer import TokenizerTrainConfig
-
     unknown = sorted(set(values) - set(RECIPE_SECTIONS))
     if unknown:
         raise TfmError(f"unknown recipe section [{unknown[0]}]; valid sections: {', '.join(RECIPE_SECTIONS)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import IO
 
 from rich import box
 from rich.color import Color
@@ -33,13 +34,13 @@ def print_info(message: str, quiet: bool = False) -> None:
     stderr_console(quiet=quiet).print(message, markup=False, highlight=False)
 
 
-def stdout_console(width: int | None = None) -> Console:
-    """A Console on the current sys.stdout, for results (tables, heatmaps) that ARE the command's data.
+def stdout_console(width: int | None = None, file: IO[str] | None = None) -> Console:
+    """A Console for results (tables, heatmaps) that ARE the command's data: on `file`, else the current sys.stdout.
 
-    Colour and box drawing only when stdout is a terminal; `width` overrides the detected width
+    Colour and box drawing only when that is a terminal; `width` overrides the detected width
     (pass the table's natural width when piping so nothing is wrapped).
     """
-    return Console(file=sys.stdout, highlight=False, width=width)
+    return Console(file=sys.stdout if file is None else file, highlight=False, width=width)
 
 
 def data_table(headers: list[str], rows: list[list[str]], title: str | None = None) -> Table:

@@ -113,6 +113,27 @@ def all_gather(tensor: torch.Tensor, world: World, device: torch.device) -> list
     return [item.cpu() for item in gathered]
 
 
+def broadcast_text(text: str | None, world: World, device: torch.device) -> str | None:
+    """Rank 0's `text` (or None) on every rank; the other ranks pass None. A collective: every rank calls it.
+
+    Two broadcasts, the UTF-8 length (-1 for None) and then the bytes, so nothing is pickled.
+    """
+    if not world.distributed:
+        return text
+    data = text.encode() if text is not None else b""
+    size = torch.tensor([-1 if text is None else len(data)], device=device)
+    dist.broadcast(size, src=0)  # rank 0's size replaces the others'
+    if size.item() < 0:
+        return None
+    if world.is_main:
+        buffer = torch.tensor(list(data), dtype=torch.uint8, device=device)
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if buffer.numel():  # an empty message needs no second broadcast
+        dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().tolist()).decode()
+
+
 def check_fault_hook(world: World, step: int) -> None:
     """Raise if TFM_TEST_FAIL_AT names this rank and `step` (test-only; see FAIL_AT_ENV)."""
     target = os.environ.get(FAIL_AT_ENV)

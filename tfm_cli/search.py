@@ -1,13 +1,13 @@
-"""Decoding searches over the model's incremental cache (greedy, beam, sampling), and the one score.
+"""Searches over a step decoder (greedy, beam, sampling), and the one score.
+
+Search code keeps scores, top-k and finish bookkeeping only: it sees the model through
+decoding.StepDecoder (one step to log-probs, reorder rows), so it can be tested with a scripted
+decoder. `beam_search`, `greedy_search` and `sample_search` run it on a Transformer through
+decoding.TransformerDecoder, which also makes every result batch-invariant.
 
 Score convention, shared by `translate`, `score -m` and the tests:
   raw score   = sum of log p(y_t | y_<t, x) over the output tokens, EOS included (natural log);
   normalised  = raw / length_penalty(len), len = number of output tokens including EOS.
-
-Batch invariance: a sentence's result must not depend on what else is in its batch, to the bit.
-`beam_search`/`sample_search` keep at least MIN_STEP_ROWS rows per matrix multiply (see
-`padded_rows`) and run decoder attention by its explicit formula (STEP_ATTENTION_EXPLICIT);
-callers keep source padding out of batches (translation.py groups sentences of equal length).
 """
 
 from __future__ import annotations
@@ -16,17 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.config import DecodeConfig, ModelConfig
-from tfm_cli.model import DecoderState, Transformer
-
-# CPU BLAS (MKL) multiplies matrices of fewer than ~12 rows with a different kernel, which rounds
-# differently: the same row then gets slightly different logits alone than in a batch. Searches
-# pad every step to at least this many rows (copies of a real row, ignored) so one kernel is used.
-MIN_STEP_ROWS = 16
-# torch's fused CPU attention kernel, for one query row per sequence, splits its work by batch size,
-# so a row's output depends on how many rows share the call; the explicit softmax(QK^T)V formula
-# (decode_step's explicit_attention) does not. Measured with torch 2.13 on AVX2.
-STEP_ATTENTION_EXPLICIT = True
+from tfm_cli.config import DecodeConfig
+from tfm_cli.decoding import StepDecoder, TransformerDecoder
+from tfm_cli.model import Transformer
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -50,110 +42,18 @@ class Hypothesis:
         return self.score / length_penalty(len(self.tokens) + 1, alpha)
 
 
-def banned_tokens(config: ModelConfig, no_unk: bool = False) -> torch.Tensor:
+def banned_tokens(decoder: StepDecoder, no_unk: bool = False) -> torch.Tensor:
     """(V,) bool over the target vocabulary: the tokens no search may ever generate.
 
     Padding and BOS are never outputs (a model still gives them some probability: their pieces
     would vanish from the text but count in the score); with `no_unk`, neither is UNK (as Marian's
     and fairseq's --no-unk / --unkpen).
     """
-    banned = torch.zeros(config.tgt_vocab_size, dtype=torch.bool)
-    banned[[config.pad_id, config.bos_id]] = True
+    banned = torch.zeros(decoder.vocab_size, dtype=torch.bool)
+    banned[[decoder.pad_id, decoder.bos_id]] = True
     if no_unk:
-        banned[config.unk_id] = True
+        banned[decoder.unk_id] = True
     return banned
-
-
-def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: int, limit: int) -> torch.Tensor:
-    """Per sentence, the most output tokens (EOS excluded) allowed: a * src_len + b, capped at `limit`.
-
-    src_lengths: (B,) int64, counting the source EOS. Returns (B,) int64.
-    """
-    lengths = (src_lengths.to(torch.float64) * max_len_a).floor().to(torch.int64) + max_len_b
-    return lengths.clamp(min=1, max=limit)
-
-
-@torch.inference_mode()
-def greedy_search(
-    model: Transformer, src: torch.Tensor, max_len_a: float = 1.5, max_len_b: int = 10, no_unk: bool = False
-) -> list[Hypothesis]:
-    """Greedy decoding with the incremental cache; finished sentences leave the batch.
-
-    src: (B, S) int64 padded with pad_id (each row ending in EOS). Returns B hypotheses in input order.
-    Never outputs a `banned_tokens` token.
-    """
-    config = model.config
-    banned = banned_tokens(config, no_unk).to(src.device)
-    encoded = model.encode(src)
-    state = model.start_decoding(encoded)
-    # One position is needed for BOS, so at most max_positions - 1 outputs including EOS.
-    max_lengths = max_output_lengths(encoded.src_mask.sum(1), max_len_a, max_len_b, config.max_positions - 2)
-    active = torch.arange(src.size(0), device=src.device)  # original row of each live hypothesis
-    tokens = torch.full((src.size(0),), config.bos_id, dtype=torch.long, device=src.device)
-    outputs: list[list[int]] = [[] for _ in range(src.size(0))]
-    scores = [0.0] * src.size(0)
-    finished = [False] * src.size(0)
-    for step in range(int(max_lengths.max()) + 1):
-        log_probs = torch.log_softmax(model.decode_step(tokens, state).logits.float(), dim=-1)  # (b, V)
-        log_probs = log_probs.masked_fill(banned, float("-inf"))
-        at_limit = max_lengths[active] <= step
-        # At the length limit only EOS may follow, so the output always ends cleanly.
-        best = torch.where(at_limit, torch.full_like(tokens, config.eos_id), log_probs.argmax(-1))
-        best_scores = log_probs.gather(1, best[:, None])[:, 0]
-        keep = []
-        rows = zip(active.tolist(), best.tolist(), best_scores.tolist(), at_limit.tolist())
-        for i, (row, token, score, forced) in enumerate(rows):
-            scores[row] += score
-            if token == config.eos_id:
-                finished[row] = not forced
-            else:
-                outputs[row].append(token)
-                keep.append(i)
-        if not keep:
-            break
-        if len(keep) < len(active):
-            keep_index = torch.tensor(keep, device=src.device)
-            state.select(keep_index)
-            active, best = active[keep_index], best[keep_index]
-        tokens = best
-    return [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, finished)]
-
-
-def padded_rows(rows: torch.Tensor, group_width: int = 1) -> torch.Tensor:
-    """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= MIN_STEP_ROWS.
-
-    Pads with copies of the first group (whole groups, so the state's grouping still holds);
-    returns `rows` itself when it is long enough.
-    """
-    missing = MIN_STEP_ROWS - rows.numel()
-    if missing <= 0:
-        return rows
-    copies = -(-missing // group_width)  # ceil: whole groups
-    return torch.cat([rows, rows[:group_width].repeat(copies)])
-
-
-def start_search(
-    model: Transformer, src: torch.Tensor, rows_per_sentence: int, grouped: bool
-) -> tuple[DecoderState, torch.Tensor]:
-    """Encode `src` once and return a decoder state with `rows_per_sentence` rows per sentence.
-
-    src: (N, S) int64. Returns (state with at least MIN_STEP_ROWS rows, sentence-major: rows
-    i*k .. i*k+k-1 belong to sentence i; src_lengths (N,) int64 counting the source EOS). With
-    `grouped`, a sentence's k rows form one group of the state (they share one copy of its memory
-    keys/values, see DecoderState) and must stay together. The encoder also runs on at least
-    MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
-    """
-    n_sentences, src_len = src.shape
-    extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences)  # ceil(MIN_STEP_ROWS / S) sentences at least
-    padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
-    encoded = model.encode(padded_src)
-    # Cross-attention keys/values are computed once per sentence, then shared by its group of rows
-    # (grouped) or copied to each of its rows.
-    state = model.start_decoding(encoded)
-    rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
-    group_width = rows_per_sentence if grouped else 1
-    state.select(padded_rows(rows, group_width), group_width)
-    return state, encoded.src_mask[:n_sentences].sum(1)
 
 
 def best_possible_score(raw_score: float, shortest: int, longest: int, alpha: float) -> float:
@@ -180,60 +80,79 @@ def sentence_is_decided(hypotheses: list[Hypothesis], nbest: int, best_live: flo
 
 @torch.inference_mode()
 def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> list[list[Hypothesis]]:
+    """Beam search on `model` for src: (N, S) int64 padded with pad_id, each row ending in EOS.
+
+    Returns per sentence its `config.nbest` best hypotheses (see `search_beams`), batch-invariant.
+    """
+    return search_beams(TransformerDecoder(model, src), config)
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Transformer, src: torch.Tensor, max_len_a: float = 1.5, max_len_b: int = 10, no_unk: bool = False
+) -> list[Hypothesis]:
+    """Greedy decoding: beam search with a beam of 1 (the same path as `tfm translate -b 1`).
+
+    src: (N, S) int64 padded with pad_id (each row ending in EOS). Returns N hypotheses in input order.
+    """
+    config = DecodeConfig(beam_size=1, max_len_a=max_len_a, max_len_b=max_len_b, no_unk=no_unk)
+    return [nbest[0] for nbest in search_beams(TransformerDecoder(model, src), config)]
+
+
+def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypothesis]]:
     """Beam search with the GNMT length penalty; finished sentences leave the batch.
 
-    src: (N, S) int64 padded with pad_id (rows end in EOS). Returns per sentence its
-    `config.nbest` best hypotheses, best first by normalised score (see the module docstring).
-    Each step extends every live beam by every token (beam * vocab candidates), keeps the top
-    2 * beam; EOS candidates among the top `beam` become finished hypotheses, the best `beam`
-    others continue. The first step runs one row per sentence (all beams would be the same).
-    A sentence stops once it has `beam` finished hypotheses (as fairseq), or earlier once no live
-    beam can reach its `nbest` best finished ones (see `best_possible_score`: this changes no
-    output, it only skips steps whose results could not be returned); at the length limit
-    a * src_len + b every beam is closed with EOS (finished=False).
+    Returns per sentence its `config.nbest` best hypotheses, best first by normalised score (see
+    the module docstring). Each step extends every live beam by every token (beam * vocab
+    candidates), keeps the top 2 * beam; EOS candidates among the top `beam` become finished
+    hypotheses, the best `beam` others continue. The first step runs one row per sentence (all
+    beams would be the same). A sentence stops once it has `beam` finished hypotheses (as fairseq),
+    or earlier once no live beam can reach its `nbest` best finished ones (see
+    `best_possible_score`: this changes no output, it only skips steps whose results could not be
+    returned); at the length limit a * src_len + b every beam is closed with EOS (finished=False).
+    `banned_tokens` are never generated. With beam 1 this is greedy search.
     """
-    vocab_eos = model.config.eos_id
+    eos = decoder.eos_id
     beam, alpha = config.beam_size, config.length_penalty
-    device = src.device
-    banned = banned_tokens(model.config, config.no_unk).to(device)
-    n_sentences = src.size(0)
+    banned = banned_tokens(decoder, config.no_unk)
+    n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
-    width = 1 if model.config.tgt_vocab_size >= 2 * beam else beam  # live rows per sentence; `beam` after step 1
-    state, src_lengths = start_search(model, src, width, grouped=True)
-    limit = model.config.max_positions - 2  # BOS takes a position; at most max_positions - 1 outputs with EOS
-    max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit).tolist()
+    width = 1 if decoder.vocab_size >= 2 * beam else beam  # live rows per sentence; `beam` after step 1
+    decoder.start(width, grouped=True)
+    max_lengths = decoder.max_lengths(config.max_len_a, config.max_len_b)
     alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sentences)]
     # (n, width) raw scores of the live rows; only row 0 is live at the start, so the first step
     # does not pick the same token `width` times.
-    scores = torch.full((n_sentences, width), float("-inf"), device=device)
+    scores = torch.full((n_sentences, width), float("-inf"))
     scores[:, 0] = 0.0
-    tokens = torch.full((n_sentences * width,), model.config.bos_id, dtype=torch.long, device=device)
-    history = torch.empty((n_sentences * width, 0), dtype=torch.long, device=device)  # (R, t) outputs so far
+    tokens = torch.full((n_sentences * width,), decoder.bos_id, dtype=torch.long)
+    history = torch.empty((n_sentences * width, 0), dtype=torch.long)  # (R, t) outputs so far
     step = 0
     while alive:
         n_alive = len(alive)
-        step_output = model.decode_step(padded_rows(tokens, width), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
-        logits = step_output.logits[: n_alive * width]
-        log_probs = torch.log_softmax(logits.float(), dim=-1).masked_fill(banned, float("-inf"))  # (R, V)
+        log_probs = decoder.step(tokens)  # (R, V)
+        device = log_probs.device
+        log_probs = log_probs.masked_fill(banned.to(device), float("-inf"))
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
         if any(at_limit):
             # At the length limit only EOS may follow, so every output ends cleanly.
             closing = torch.tensor(at_limit, device=device).repeat_interleave(width)[:, None]  # (R, 1)
             not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
-            not_eos[vocab_eos] = False
+            not_eos[eos] = False
             log_probs = log_probs.masked_fill(closing & not_eos, float("-inf"))
         # The best 2k of a sentence's width * V candidates are among the best 2k of each of its rows,
         # so each row is cut to its best 2k first and only those get the row's score added.
         row_best, row_tokens = log_probs.topk(min(2 * beam, vocab), dim=1)  # (R, c) each
+        row_best, row_tokens = row_best.cpu(), row_tokens.cpu()
         per_row = row_best.size(1)
         candidates = (scores.view(-1, 1) + row_best).view(n_alive, width * per_row)
         top_scores, top_ids = candidates.topk(min(2 * beam, width * per_row), dim=1)  # (n, 2k), best first
         top_beams = top_ids // per_row
         top_tokens = row_tokens.view(n_alive, width * per_row).gather(1, top_ids)
-        is_eos = top_tokens == vocab_eos
+        is_eos = top_tokens == eos
         closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
         if bool(closing_eos.any()):
             for index, rank in closing_eos.nonzero().tolist():
@@ -255,7 +174,7 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             else:
                 reachable = best_possible_score(best_live[index], step + 2, max_lengths[sentence] + 1, alpha)
                 done.append(sentence_is_decided(hypotheses, config.nbest, reachable, alpha))
-        sentence_offsets = torch.arange(n_alive, device=device)[:, None] * width  # (n, 1)
+        sentence_offsets = torch.arange(n_alive)[:, None] * width  # (n, 1)
         next_rows = (sentence_offsets + top_beams.gather(1, order)).view(-1)  # (n * beam,)
         next_tokens = top_tokens.gather(1, order).view(-1)
         if any(done):
@@ -263,11 +182,11 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
             alive = [alive[i] for i in keep]
             if not alive:
                 break
-            keep_index = torch.tensor(keep, dtype=torch.long, device=device)
+            keep_index = torch.tensor(keep, dtype=torch.long)
             next_scores = next_scores.index_select(0, keep_index)
             next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
-        state.select(padded_rows(next_rows, beam), beam)  # a sentence's beams share its memory cache
+        decoder.select(next_rows, beam)  # a sentence's beams stay together
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
         scores, tokens, width = next_scores, next_tokens, beam
         step += 1
@@ -296,38 +215,40 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def sample_search(
     model: Transformer, src: torch.Tensor, config: DecodeConfig, seeds: list[int]
 ) -> list[list[Hypothesis]]:
+    """Ancestral sampling on `model` for src: (N, S) int64 (see `search_samples`), batch-invariant."""
+    return search_samples(TransformerDecoder(model, src), config, seeds)
+
+
+def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int]) -> list[list[Hypothesis]]:
     """Ancestral sampling: `config.nbest` independent samples per sentence, best first.
 
-    src: (N, S) int64; seeds: N ints, one random generator per sentence, so a sentence's samples
-    depend on its seed only (not on its batch). Tokens are drawn from softmax(logits / temperature)
+    seeds: one per sentence, each sentence with its own random generator, so its samples depend on
+    its seed only (not on its batch). Tokens are drawn from softmax(log-probs / temperature)
     restricted to top-k / top-p; the reported score is the model's own log-probability (temperature 1,
-    unfiltered), as `score -m` computes it. `banned_tokens` are never drawn. Returns per sentence its samples sorted by normalised score.
+    unfiltered), as `score -m` computes it. `banned_tokens` are never drawn. Returns per sentence
+    its samples sorted by normalised score.
     """
-    eos = model.config.eos_id
+    eos = decoder.eos_id
     per_sentence = config.nbest
-    device = src.device
-    banned = banned_tokens(model.config, config.no_unk).to(device)
-    state, src_lengths = start_search(model, src, per_sentence, grouped=False)  # samples end one by one
-    limit = model.config.max_positions - 2
-    max_lengths = max_output_lengths(src_lengths, config.max_len_a, config.max_len_b, limit)
-    n_rows = src.size(0) * per_sentence
+    banned = banned_tokens(decoder, config.no_unk)
+    decoder.start(per_sentence, grouped=False)  # samples end one by one
+    max_lengths = torch.tensor(decoder.max_lengths(config.max_len_a, config.max_len_b))
+    n_rows = decoder.n_sentences * per_sentence
     generators = []
     for seed in seeds:
-        generator = torch.Generator(device=device)
+        generator = torch.Generator()
         generator.manual_seed(seed)
         generators.extend([generator] * per_sentence)
-    active = torch.arange(n_rows, device=device)  # original row of each live sample
+    active = torch.arange(n_rows)  # original row of each live sample
     row_limits = max_lengths.repeat_interleave(per_sentence)
-    tokens = torch.full((n_rows,), model.config.bos_id, dtype=torch.long, device=device)
+    tokens = torch.full((n_rows,), decoder.bos_id, dtype=torch.long)
     outputs: list[list[int]] = [[] for _ in range(n_rows)]
     scores = [0.0] * n_rows
     ended = [False] * n_rows
     for step in range(int(max_lengths.max()) + 1):
-        step_output = model.decode_step(padded_rows(tokens), state, explicit_attention=STEP_ATTENTION_EXPLICIT)
-        logits = step_output.logits[: active.numel()].float()  # (b, V)
-        log_probs = torch.log_softmax(logits, dim=-1)
-        allowed_logits = logits.masked_fill(banned, float("-inf"))
-        probs = torch.softmax(filter_logits(allowed_logits / config.temperature, config.sample_top_k, config.sample_top_p), -1)
+        log_probs = decoder.step(tokens).cpu()  # (b, V)
+        allowed = log_probs.masked_fill(banned, float("-inf"))
+        probs = torch.softmax(filter_logits(allowed / config.temperature, config.sample_top_k, config.sample_top_p), -1)
         at_limit = (row_limits[active] <= step).tolist()
         choices = []
         for i, row in enumerate(active.tolist()):
@@ -335,7 +256,7 @@ def sample_search(
                 choices.append(eos)
             else:
                 choices.append(int(torch.multinomial(probs[i], 1, generator=generators[row])))
-        chosen = torch.tensor(choices, dtype=torch.long, device=device)
+        chosen = torch.tensor(choices, dtype=torch.long)
         chosen_scores = log_probs.gather(1, chosen[:, None])[:, 0].tolist()
         keep = []
         for i, (row, token) in enumerate(zip(active.tolist(), choices)):
@@ -348,13 +269,13 @@ def sample_search(
         if not keep:
             break
         if len(keep) < active.numel():
-            keep_index = torch.tensor(keep, dtype=torch.long, device=device)
-            state.select(padded_rows(keep_index))
+            keep_index = torch.tensor(keep, dtype=torch.long)
+            decoder.select(keep_index)
             active, chosen = active[keep_index], chosen[keep_index]
         tokens = chosen
     samples = [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, ended)]
     alpha = config.length_penalty
     return [
         sorted(samples[i * per_sentence : (i + 1) * per_sentence], key=lambda h: -h.normalised_score(alpha))
-        for i in range(src.size(0))
+        for i in range(decoder.n_sentences)
     ]

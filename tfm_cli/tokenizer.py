@@ -1,47 +1,22 @@
 """Sentencepiece training and loading with tfm's fixed special ids; text <-> pieces <-> ids.
 
-The special ids are fixed at training time (sentencepiece has no pad id by default) so that every
-model config and checkpoint agrees on them: pad=0, unk=1, bos=2, eos=3.
+The special ids (special_ids.py) are fixed at training time (sentencepiece has no pad id by
+default) so that every model config and checkpoint agrees on them: pad=0, unk=1, bos=2, eos=3.
+The training settings, TokenizerTrainConfig, live with the other configs in config.py.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
 
-from tfm_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from tfm_cli.config import TokenizerTrainConfig
 from tfm_cli.errors import TfmError
+from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfm_cli.textio import atomic_write_bytes, check_input_file, iter_lines
-
-
-@dataclass(frozen=True)
-class TokenizerTrainConfig:
-    """Settings for training one sentencepiece model."""
-
-    vocab_size: int = 8000
-    model_type: str = "unigram"
-    character_coverage: float = 1.0
-    user_defined_symbols: tuple[str, ...] = ()
-    byte_fallback: bool = False
-    # Sample at most this many sentences for training (0 = all); keeps huge corpora tractable.
-    input_sentence_size: int = 0
-    # "identity" keeps text byte-exact (decode inverts encode, double spaces and NBSP included);
-    # "nmt_nfkc" is sentencepiece's default, which folds Unicode variants and collapses spaces.
-    normalization: str = "identity"
-
-    def __post_init__(self) -> None:
-        if self.model_type not in ("unigram", "bpe"):
-            raise TfmError(f"tokenizer model type must be 'unigram' or 'bpe', got {self.model_type!r}")
-        if self.normalization not in ("identity", "nmt_nfkc"):
-            raise TfmError(f"normalization must be 'identity' or 'nmt_nfkc', got {self.normalization!r}")
-        if self.vocab_size < 8:
-            raise TfmError(f"vocab size must be at least 8, got {self.vocab_size}")
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise TfmError(f"character coverage must be in (0, 1], got {self.character_coverage}")
 
 
 def train_sentencepiece(

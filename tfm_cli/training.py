@@ -41,7 +41,7 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.kernels import packed_weights
-from tfm_cli.search import beam_search, greedy_search
+from tfm_cli.translation import BatchingConfig, search_batches
 from tfm_cli.textio import atomic_write_bytes, remove_stale_temp_files
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 
@@ -258,25 +258,23 @@ class ValidResult:
     hypotheses: list[str] = field(default_factory=list)
 
 
-def decode_corpus(
-    model: Transformer, corpus: TokenizedCorpus, tgt_tokenizer: Tokenizer, config: TrainConfig, device: torch.device
-) -> list[str]:
+def decode_corpus(model: Transformer, corpus: TokenizedCorpus, tgt_tokenizer: Tokenizer, config: TrainConfig) -> list[str]:
     """Detokenized model output for every source sentence of `corpus`, in corpus order.
 
-    Greedy search, or beam search (length penalty 0.6, section 6.1) with config.valid_beam_size > 1.
+    Decoded exactly as `tfm translate -b N --max-len-a A --max-len-b B` decodes (the same batches,
+    the same search): greedy, or beam search (length penalty 0.6, section 6.1) with
+    config.valid_beam_size > 1.
     """
-    decode_config = DecodeConfig(
+    decode = DecodeConfig(
         beam_size=config.valid_beam_size, max_len_a=config.valid_max_len_a, max_len_b=config.valid_max_len_b
     )
+    offsets = corpus.src_offsets.tolist()
+    tokens = corpus.src_tokens.tolist()
+    sources = {row: tokens[offsets[row] : offsets[row + 1] - 1] for row in range(len(corpus))}  # EOS dropped
     outputs: list[str] = [""] * len(corpus)
-    for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
-        batch = collate(corpus, indices).to(device)
-        if decode_config.beam_size > 1:
-            hypotheses = [nbest[0] for nbest in beam_search(model, batch.src, decode_config)]
-        else:
-            hypotheses = greedy_search(model, batch.src, config.valid_max_len_a, config.valid_max_len_b)
-        for row, hypothesis in zip(indices.tolist(), hypotheses):
-            outputs[row] = tgt_tokenizer.decode_ids(hypothesis.tokens)
+    for batch, hypotheses in search_batches(model, sources, decode, BatchingConfig()):
+        for row, nbest in zip(batch, hypotheses):
+            outputs[row] = tgt_tokenizer.decode_ids(nbest[0].tokens) if nbest else ""
     return outputs
 
 
@@ -310,7 +308,7 @@ def validate(
     hypotheses: list[str] = []
     if config.valid_bleu:
         with packed_weights(model), autocast(settings):
-            hypotheses = decode_corpus(model, corpus, tgt_tokenizer, config, device)
+            hypotheses = decode_corpus(model, corpus, tgt_tokenizer, config)
         metric = sacrebleu.metrics.BLEU()
         bleu = metric.corpus_score(hypotheses, [references]).score
         signature = str(metric.get_signature())
@@ -778,6 +776,7 @@ class Trainer:
 
         The same list on every rank. With W ranks it is cut to a multiple of W (dropping fewer than W
         batches, which the next epoch's shuffle puts elsewhere) so that every rank does the same updates.
+        Raises TfmError (on every rank alike) if there are fewer batches than ranks: a rank would have none.
         """
         if self.epoch_cache is None or self.epoch_cache[0] != epoch:
             corpus = self.data.train
@@ -785,7 +784,13 @@ class Trainer:
                 corpus.src_lengths, corpus.tgt_lengths, self.config.max_tokens, epoch_generator(self.config.seed, epoch)
             )
             world_size = self.world.world_size
-            self.epoch_cache = (epoch, batches[: max(len(batches) // world_size, 1) * world_size])
+            if len(batches) < world_size:
+                raise TfmError(
+                    f"the training data makes {len(batches)} batch(es) (train.max_tokens={self.config.max_tokens}) "
+                    f"but there are {world_size} processes and each needs at least one; lower train.max_tokens "
+                    "or use fewer processes"
+                )
+            self.epoch_cache = (epoch, batches[: len(batches) // world_size * world_size])
         return self.epoch_cache[1]
 
     def next_update(self) -> Iterator[list[Batch]]:
@@ -1161,21 +1166,10 @@ def train_in_world(
     max_positions = recipe.model.get("max_positions", ModelConfig.max_positions)
     if max_positions < recipe.data.max_length:
         raise TfmError(f"model.max_positions ({max_positions}) must be at least data.max_length ({recipe.data.max_length})")
-    if not world.is_main:
-        # Rank 0 checks the run, trains the tokenizers and fills the cache; the others then read them.
-        distributed.barrier(world)
-    check_run_dir(recipe, run_dir, resume)
-    if resume and world.is_main:
-        # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait at the barrier.
-        stale = remove_stale_temp_files(run_dir, RUN_FILES) + remove_stale_temp_files(run_dir / CACHE_DIR, CACHE_FILES)
-        if stale:
-            names = ", ".join(path.name for path in stale)
-            on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(recipe, run_dir, resume or not world.is_main, on_event)
-    if world.is_main:
-        distributed.barrier(world)
+    data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event)
     trainer = Trainer(recipe, run_dir, data, device, on_event, world)
+    # Every rank counts the batches here, so fewer batches than ranks stops them all before training.
+    updates_per_epoch = trainer.updates_per_epoch()
     if resume:
         trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler, world)
         if world.is_main:
@@ -1185,7 +1179,46 @@ def train_in_world(
     distributed.barrier(world)
     on_event(StartEvent(
         step=trainer.counters.step, epoch=trainer.counters.epoch, resumed=resume,
-        planned_steps=trainer.planned_steps(), updates_per_epoch=trainer.updates_per_epoch(),
+        planned_steps=trainer.planned_steps(), updates_per_epoch=updates_per_epoch,
         n_parameters=count_parameters(trainer.model), device=str(device), model_config=trainer.model_config,
     ))
     return trainer.train(should_stop)
+
+
+def prepare_on_rank0_first(
+    recipe: Recipe, run_dir: Path, resume: bool, device: torch.device, world: World, on_event: Callable[[Event], None]
+) -> PreparedData:
+    """prepare_run on rank 0, which then tells the other ranks whether it worked; they prepare after it.
+
+    Rank 0 trains the tokenizers and fills the cache; the others then read them. If rank 0 fails, the
+    others raise TfmError at once with its message instead of waiting out train.dist_timeout.
+    """
+    if world.is_main:
+        try:
+            data = prepare_run(recipe, run_dir, resume, world, on_event)
+        except BaseException as error:
+            message = str(error) if isinstance(error, TfmError) else f"{type(error).__name__}: {error}"
+            with contextlib.suppress(Exception):  # rank 0's own error is the one to report
+                distributed.broadcast_text(message, world, device)
+            raise
+        distributed.broadcast_text(None, world, device)
+        return data
+    failure = distributed.broadcast_text(None, world, device)
+    if failure is not None:
+        raise TfmError(f"rank 0 failed while preparing the data: {failure}")
+    return prepare_run(recipe, run_dir, resume, world, on_event)
+
+
+def prepare_run(
+    recipe: Recipe, run_dir: Path, resume: bool, world: World, on_event: Callable[[Event], None]
+) -> PreparedData:
+    """Check the run directory, then prepare_data; ranks other than 0 reuse rank 0's tokenizers and cache."""
+    check_run_dir(recipe, run_dir, resume)
+    if resume and world.is_main:
+        # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait for rank 0.
+        stale = remove_stale_temp_files(run_dir, RUN_FILES) + remove_stale_temp_files(run_dir / CACHE_DIR, CACHE_FILES)
+        if stale:
+            names = ", ".join(path.name for path in stale)
+            on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return prepare_data(recipe, run_dir, resume or not world.is_main, on_event)

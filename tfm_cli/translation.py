@@ -1,9 +1,10 @@
 """Text in, translations out: streaming chunks, equal-length batches, input order restored, output formats.
 
 A library module: it never prints. `tfm translate` reads lines, hands them to `translate_stream`,
-and writes what `format_line` returns. A source's padded width depends on its own length only
-(LENGTH_BUCKET), which with search.py's fixed minimum row count makes every sentence's
-translation independent of the batch it lands in.
+and writes what `format_line` returns. Batches hold sources of one padded width
+(decoding.padded_length), which with decoding.TransformerDecoder makes every sentence's
+translation independent of the batch it lands in. Validation during training decodes through
+`search_batches` too, so it measures exactly what `tfm translate` would output.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -20,13 +22,12 @@ from tfm_cli.alignment import hard_alignment, merge_to_words, pharaoh, word_char
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.search import Hypothesis, beam_search, sample_search
+from tfm_cli.decoding import TransformerDecoder, padded_length, source_batch
+from tfm_cli.model import Transformer
+from tfm_cli.search import Hypothesis, search_beams, search_samples
 
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
-# A source is always padded to the next multiple of this many tokens, alone or in a batch, so its
-# arithmetic (softmax and sums over padded keys) never depends on the other sentences' lengths.
-LENGTH_BUCKET = 8
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,12 @@ class TranslationStats:
     """What happened to the input, for the warnings and the summary on stderr."""
 
     lines: int = 0
-    empty_lines: int = 0
+    empty_lines: int = 0  # blank input lines (an empty output line each)
+    unencodable_lines: int = 0  # non-blank lines the tokenizer turned into no tokens (empty output too)
     truncated_lines: int = 0
     src_tokens: int = 0
     output_tokens: int = 0
+    seconds: float = 0.0  # time spent translating chunks; waits for input are not counted
 
 
 @dataclass(frozen=True)
@@ -144,26 +147,22 @@ class Translator:
                 stats.truncated_lines += 1
             if ids:
                 sources[i] = ids
-        for batch in bucketed_batches(sources, self.batching):
-            hypotheses = self.search(batch, [sources[i] for i in batch])
+            else:
+                stats.unencodable_lines += 1
+        for batch, hypotheses in search_batches(self.model, sources, self.decode, self.batching, first_index):
             for i, hyps in zip(batch, hypotheses):
+                if not hyps:
+                    # Every candidate of every step had a non-finite score: no model works that way.
+                    raise TfmError(
+                        f"line {first_index + i + 1}: the model gave no translation with a finite score "
+                        "(its outputs are inf/nan; the checkpoint's weights may be damaged)"
+                    )
                 results[i].outputs = [self.render(h) for h in hyps]
                 stats.src_tokens += len(sources[i]) + 1
                 stats.output_tokens += len(hyps[0].tokens) + 1
             if self.alignment is not None:
                 self.align(batch, sources, results)
         return results
-
-    def search(self, lines: list[int], sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """Run the configured search on sentences of one padded width; returns n-best per sentence."""
-        config = self.model.config
-        width = min(padded_length(len(sources[0]) + 1), config.max_positions)
-        rows = [ids + [config.eos_id] + [config.pad_id] * (width - len(ids) - 1) for ids in sources]
-        src = torch.tensor(rows, dtype=torch.long, device=self.device)  # (N, S): one padded width
-        if self.decode.sample:
-            # One seed per line: a sentence's samples depend on the seed and its line, not on its batch.
-            return sample_search(self.model, src, self.decode, [self.decode.seed + i for i in lines])
-        return beam_search(self.model, src, self.decode)
 
     def render(self, hypothesis: Hypothesis) -> Output:
         """Detokenize one hypothesis and attach its normalised score."""
@@ -211,11 +210,6 @@ class Translator:
             output.words = word_char_offsets(output.text)
 
 
-def padded_length(n_tokens: int) -> int:
-    """The width a source of `n_tokens` (EOS included) is padded to: the next multiple of LENGTH_BUCKET."""
-    return -(-n_tokens // LENGTH_BUCKET) * LENGTH_BUCKET
-
-
 def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
     """Group line indices by padded source width, each group split by --batch-size/--max-tokens.
 
@@ -229,6 +223,29 @@ def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) ->
         per_batch = max(1, min(batching.batch_size, batching.max_tokens // width))
         for start in range(0, len(group), per_batch):
             yield group[start : start + per_batch]
+
+
+def search_batches(
+    model: Transformer,
+    sources: dict[int, list[int]],
+    decode: DecodeConfig,
+    batching: BatchingConfig,
+    first_index: int = 0,
+) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
+    """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
+
+    Yields (line indices of a batch, n-best hypotheses per line). Sampling draws line i's samples
+    from seed decode.seed + first_index + i, so they depend on the line, not on its batch or chunk.
+    """
+    device = next(model.parameters()).device
+    for batch in bucketed_batches(sources, batching):
+        decoder = TransformerDecoder(model, source_batch([sources[i] for i in batch], model.config, device))
+        with torch.inference_mode():
+            if decode.sample:
+                hypotheses = search_samples(decoder, decode, [decode.seed + first_index + i for i in batch])
+            else:
+                hypotheses = search_beams(decoder, decode)
+        yield batch, hypotheses
 
 
 END_OF_INPUT = object()
@@ -281,7 +298,10 @@ def translate_stream(
     done = 0
     batching = translator.batching
     for chunk in read_chunks(lines, batching.buffer_size, batching.pause_s):
-        yield translator.translate_chunk(chunk, done, stats)
+        started = time.perf_counter()
+        translated = translator.translate_chunk(chunk, done, stats)
+        stats.seconds += time.perf_counter() - started
+        yield translated
         done += len(chunk)
 
 

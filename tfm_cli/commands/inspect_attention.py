@@ -5,15 +5,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Optional
 
 import typer
 
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
+from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside
 
 if TYPE_CHECKING:
     from tfm_cli.checkpoint import LoadedModel
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 EPILOG = (
     "Examples:\n\n"
     "  tfm inspect-attention -m model.safetensors \"Ein Mann fährt Fahrrad .\"              # heatmap, last layer, mean of heads\n\n"
-    "  tfm inspect-attention -m model.safetensors --words --format pharaoh < test.de > test.align\n\n"
+    "  tfm inspect-attention -m model.safetensors --words --format pharaoh -i test.de -o test.align\n\n"
     "  tfm inspect-attention --walkthrough --seed-example                                # the design document's worked example\n\n"
     "Rows are output tokens (row t is the step that generated token t), columns are source tokens; "
     "</s> is EOS. --words merges pieces into the words of the text: a source word's weight is the sum "
@@ -47,6 +49,7 @@ def inspect_attention(
     sentence: Optional[str] = typer.Argument(None, help="The source sentence; omitted: every line of --input."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="The checkpoint (.safetensors)."),
     input: str = typer.Option("-", "-i", "--input", help="Source sentences, one per line, when no SENTENCE is given; `-` = stdin."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     target: Optional[str] = typer.Option(None, "--target", help="Force this translation of SENTENCE instead of translating it."),
     target_file: Optional[str] = typer.Option(None, "--target-file", help="Forced translations, line-parallel to --input."),
     kind: str = typer.Option("cross", "--kind", help="cross (target x source), encoder (source self-attention) or decoder (target self-attention)."),
@@ -55,7 +58,7 @@ def inspect_attention(
     words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
     output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),
-    png: Optional[str] = typer.Option(None, "--png", help="Also save the heatmap as a labelled PNG image (needs the `plot` extra: pip install 'tfm-cli\\[plot]')."),
+    png: Optional[str] = typer.Option(None, "--png", help="Also save the heatmap of one sentence as a labelled image FILE.png (needs the `plot` extra: pip install 'tfm-cli\\[plot]')."),
     walkthrough: bool = typer.Option(False, "--walkthrough", help="Print one head's computation step by step: X, Q, K, V, Q K^T, scaled, softmax rows, output rows."),
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
@@ -70,12 +73,15 @@ def inspect_attention(
     if output_format not in FORMATS:
         raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     head_index = parse_head(head)
+    if png is not None:
+        check_png(png, walkthrough)  # before any work: a missing matplotlib must not cost a translation
     if seed_example:
         if not walkthrough:
             raise TfmError("--seed-example goes with --walkthrough")
         from tfm_cli.inspection import seed_walkthrough
 
-        render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims)
+        with open_output(output) as out:
+            render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims, out)
         return
     if model is None:
         raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
@@ -94,31 +100,66 @@ def inspect_attention(
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     examples = read_examples(loaded, sentence, input, target, target_file, beam, quiet)
-    if walkthrough:
-        if head_index is None:
-            print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
+    with open_output(output) as out:
+        if walkthrough:
+            if head_index is None:
+                print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
+            for example in examples:
+                render_model_walkthrough(loaded, example, kind, layer, head_index or 0, output_format, dims, out)
+            return
+        count = 0
         for example in examples:
-            render_model_walkthrough(loaded, example, kind, layer, head_index or 0, output_format, dims)
-        return
-    count = 0
-    for example in examples:
-        count += 1
-        if png is not None and count > 1:
-            raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
-        view = view_of(loaded, example, kind, layer, head_index, words)
-        if output_format == "pharaoh":
-            write_alignment(view, reverse, example, layer, head_index)
-        elif output_format == "json":
-            write_json(example, view, kind, layer, head, words)
-        elif output_format == "csv":
-            write_csv(view, count - 1, header=count == 1)
-        else:
-            title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
-            print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))])
-        if png is not None:
-            save_png(png, view, kind)
-            print_info(f"wrote {png}", quiet=quiet)
-        sys.stdout.flush()
+            count += 1
+            if png is not None and count > 1:
+                raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
+            view = view_of(loaded, example, kind, layer, head_index, words)
+            if output_format == "pharaoh":
+                write_alignment(view, reverse, example, layer, head_index, out)
+            elif output_format == "json":
+                write_json(example, view, kind, layer, head, words, out)
+            elif output_format == "csv":
+                write_csv(view, count - 1, out, header=count == 1)
+            else:
+                title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
+                print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
+            if png is not None:
+                save_png(png, view, kind)
+                print_info(f"wrote {png}", quiet=quiet)
+            out.flush()
+
+
+def check_png(path: str, walkthrough: bool) -> None:
+    """Raise TfmError unless an image can be saved at `path`: a .png name, a writable folder, matplotlib."""
+    if walkthrough:
+        raise TfmError("--png saves the heatmap; it does not go with --walkthrough")
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise TfmError(f"--png {path}: the image is a PNG; give a file name ending in .png")
+    if target.is_dir():
+        raise TfmError(f"--png {path}: is a directory, expected an image file path")
+    folder = target.parent
+    if not folder.is_dir():
+        raise TfmError(f"--png {path}: folder {folder} does not exist")
+    try:
+        # The honest test of a folder (os.access says yes to root and to read-only mounts alike).
+        fd, probe = temp_file_beside(target)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise TfmError(f"--png {path}: cannot write in folder {folder} ({error.strerror or error})") from None
+    import_pyplot()
+
+
+def import_pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend; TfmError naming the `plot` extra without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TfmError("--png needs matplotlib, which is not installed: pip install 'tfm-cli[plot]'") from None
+    return plt
 
 
 def parse_head(head: str) -> int | None:
@@ -209,7 +250,7 @@ def reverse_alignment(reverse: LoadedModel, example: Example, layer: int, head: 
     return transpose_pairs(view.alignment), len(view.rows) - 1, len(view.columns) - 1
 
 
-def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None) -> None:
+def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None, out: IO[str]) -> None:
     """Print one Pharaoh line: the view's argmax pairs, intersected with the reverse model's if given."""
     from tfm_cli.alignment import intersect, pharaoh
 
@@ -223,10 +264,10 @@ def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: 
                 "so the alignments cannot be intersected"
             )
         pairs = intersect(pairs, backward)
-    sys.stdout.write(pharaoh(pairs) + "\n")
+    out.write(pharaoh(pairs) + "\n")
 
 
-def write_json(example: Example, view, kind: str, layer: int, head: str, words: bool) -> None:
+def write_json(example: Example, view, kind: str, layer: int, head: str, words: bool, out: IO[str]) -> None:
     """One JSON object per sentence: texts, labels, the matrix, and (cross) the Pharaoh alignment."""
     from tfm_cli.alignment import pharaoh
 
@@ -237,10 +278,10 @@ def write_json(example: Example, view, kind: str, layer: int, head: str, words: 
     }
     if view.alignment is not None:
         record["alignment"] = pharaoh(view.alignment)
-    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def write_csv(view, sentence: int, header: bool) -> None:
+def write_csv(view, sentence: int, out: IO[str], header: bool) -> None:
     """Long-format CSV: sentence,row,column,row_token,column_token,weight (one line per cell)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -249,40 +290,42 @@ def write_csv(view, sentence: int, header: bool) -> None:
     for i, (label, values) in enumerate(zip(view.rows, view.matrix.tolist())):
         for j, (column, value) in enumerate(zip(view.columns, values)):
             writer.writerow([sentence, i, j, label, column, f"{value:.6g}"])
-    sys.stdout.write(buffer.getvalue())
+    out.write(buffer.getvalue())
 
 
-def print_tables(items: list[tuple[str, Any]]) -> None:
-    """Print (heading, rich table) pairs on stdout; piped, at their natural width so nothing wraps."""
-    console = stdout_console()
+def print_tables(items: list[tuple[str, Any]], out: IO[str]) -> None:
+    """Print (heading, rich table) pairs on `out`; piped or to a file, at their natural width so nothing wraps."""
+    console = stdout_console(file=out)
     if not console.is_terminal:
         # Measure on an unbounded console: a measurement never exceeds the console it is taken on.
-        wide = stdout_console(width=100_000)
+        wide = stdout_console(width=100_000, file=out)
         width = max(max(wide.measure(table).maximum, len(heading)) for heading, table in items)
-        console = stdout_console(width=max(width, 20))
+        console = stdout_console(width=max(width, 20), file=out)
     for heading, table in items:
         console.print(heading, style="bold", markup=False)
         console.print(table)
 
 
-def render_model_walkthrough(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int) -> None:
+def render_model_walkthrough(
+    loaded: LoadedModel, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int, out: IO[str]
+) -> None:
     """The walkthrough of one head of a model on one sentence pair."""
     from tfm_cli.inspection import EOS_LABEL, model_walkthrough
 
     src_labels = example.src_pieces + [EOS_LABEL]
     tgt_labels = example.tgt_pieces + [EOS_LABEL]
     steps = model_walkthrough(loaded.model, example.src_ids, example.tgt_ids, kind, layer, head, src_labels, tgt_labels)
-    render_walkthrough(steps, f"{kind}-attention, layer {layer}, head {head}", output_format, dims, kind == "cross")
+    render_walkthrough(steps, f"{kind}-attention, layer {layer}, head {head}", output_format, dims, out, kind == "cross")
 
 
-def render_walkthrough(steps, title: str, output_format: str, dims: int, cross: bool = False) -> None:
+def render_walkthrough(steps, title: str, output_format: str, dims: int, out: IO[str], cross: bool = False) -> None:
     """Print the walkthrough's matrices: tables (values 3 decimals, weights 4), or all numbers as JSON."""
     if output_format == "json":
         record = {"title": title, "d_k": steps.d_k, "query_tokens": steps.query_labels, "key_tokens": steps.key_labels}
         for name in ("x", "q", "k", "v", "scores", "scaled", "weights", "output"):
             values = getattr(steps, name).tolist()
             record[name] = [[None if v == float("-inf") else v for v in row] for row in values]
-        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
         return
     if output_format != "heatmap":
         raise TfmError("--walkthrough prints tables, or --format json")
@@ -310,18 +353,12 @@ def render_walkthrough(steps, title: str, output_format: str, dims: int, cross: 
                   matrix_table(steps.weights.tolist(), queries, keys, decimals=4)))
     values, column_labels, note = columns(steps.output)
     items.append(("output rows = softmax rows @ V" + note, matrix_table(values, queries, column_labels)))
-    print_tables(items)
+    print_tables(items, out)
 
 
 def save_png(path: str, view, kind: str) -> None:
-    """Save the heatmap as a labelled image with matplotlib (the optional `plot` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise TfmError("--png needs matplotlib: pip install 'tfm-cli[plot]' (or pip install matplotlib)") from None
+    """Save the heatmap as a labelled PNG image with matplotlib (the optional `plot` extra), atomically."""
+    plt = import_pyplot()
     rows, columns = view.rows, view.columns
     figure, axes = plt.subplots(figsize=(max(4, 0.5 * len(columns) + 2), max(3, 0.4 * len(rows) + 1.5)))
     image = axes.imshow(view.matrix.tolist(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
@@ -331,9 +368,12 @@ def save_png(path: str, view, kind: str) -> None:
     axes.set_ylabel("target" if kind != "encoder" else "query")
     figure.colorbar(image, ax=axes)
     figure.tight_layout()
+    encoded = io.BytesIO()
     try:
-        figure.savefig(path, dpi=120)
-    except OSError as error:
-        raise TfmError(f"{path}: cannot write the image ({error.strerror or error})") from None
+        figure.savefig(encoded, format="png", dpi=120)
     finally:
         plt.close(figure)
+    try:
+        atomic_write_bytes(Path(path), encoded.getvalue())
+    except OSError as error:
+        raise TfmError(f"{path}: cannot write the image ({error.strerror or error})") from None

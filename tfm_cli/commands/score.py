@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Optional
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
+
+if TYPE_CHECKING:
+    from tfm_cli.scoring import SentenceScore
 
 EPILOG = (
     "Examples:\n\n"
@@ -39,7 +44,7 @@ def score(
     device: str = typer.Option("auto", "--device", help="With -m: torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
     threads: int = typer.Option(0, "--threads", help="With -m: CPU threads for torch (0 = torch's default)."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
-    as_json: bool = typer.Option(False, "--json", help="JSON for pipelines (a list of metrics, or one object per line)."),
+    as_json: bool = typer.Option(False, "--json", help="JSON for pipelines: a list of metrics, one object per line with --sentence, or with -m one object per pair (schema tfm-score/1, see README)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
     """Score hypotheses with BLEU/chrF/TER (sacrebleu), or target sentences with a model."""
@@ -116,6 +121,30 @@ def details_text(summary: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+JSON_SCHEMA = "tfm-score/1"  # the `score -m --json` line format; bump on any incompatible change (README.md)
+
+
+def remember_targets(pairs: Iterable[tuple[str, str]], targets: deque[str]) -> Iterator[tuple[str, str]]:
+    """Yield `pairs` unchanged, appending each target to `targets` (scores come back in input order)."""
+    for source, target in pairs:
+        targets.append(target)
+        yield source, target
+
+
+def json_record(result: SentenceScore, value: float, pieces: list[str]) -> dict:
+    """The `score -m --json` object of one pair (schema JSON_SCHEMA; `tokens` as in translate --json)."""
+    return {
+        "schema": JSON_SCHEMA,
+        "score": value,
+        "raw": result.raw,
+        "tokens": pieces,  # the target's subword pieces, EOS not listed
+        "n_scored_tokens": result.n_tokens,  # len(tokens) + 1: EOS is scored too
+        "per_token": result.per_token,
+        "length_normalized": result.length_normalized,
+        "token_log_probs": list(result.token_log_probs),  # one per scored token, EOS last
+    }
+
+
 def score_with_model(
     model_path: str,
     src: str,
@@ -152,17 +181,17 @@ def score_with_model(
     src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)
     tgt_lines = iter_lines(tgt, stream=thread_stdin() if tgt == "-" else None)
     pairs = zip_parallel(src_lines, tgt_lines, "<stdin>" if src == "-" else src, "<stdin>" if tgt == "-" else tgt)
+    targets: deque[str] = deque()  # the targets read so far and not yet written, for the JSON pieces
+    if as_json:
+        pairs = remember_targets(pairs, targets)
     total_log_prob, total_tokens, count = 0.0, 0, 0
     with open_output(output) as out:
         scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size)
         for result in scores:
             value = result.value(normalize)
             if as_json:
-                record = {
-                    "score": value, "raw": result.raw, "tokens": result.n_tokens, "per_token": result.per_token,
-                    "length_normalized": result.length_normalized, "token_log_probs": list(result.token_log_probs),
-                }
-                out.write(json.dumps(record) + "\n")
+                pieces = loaded.tgt_tokenizer.encode_pieces(targets.popleft())
+                out.write(json.dumps(json_record(result, value, pieces), ensure_ascii=False) + "\n")
             else:
                 out.write(f"{value:.6f}\n")  # the precision translate --scores prints
             out.flush()

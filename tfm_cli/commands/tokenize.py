@@ -10,11 +10,21 @@ from typing import List
 
 import typer
 
+from tfm_cli.commands import TfmCommand, TfmCommandGroup
 from tfm_cli.console import print_info, stderr_console
 from tfm_cli.errors import TfmError
 
+GROUP_EPILOG = (
+    "Examples:\n\n"
+    "  tfm tokenize train train.de train.en -o spm --vocab-size 8000\n\n"
+    "  tfm tokenize encode -m spm.model < train.de > train.pieces.de\n\n"
+    "  tfm tokenize encode -m spm.model --ids -i val.de | tfm tokenize decode -m spm.model --ids\n\n"
+    "Special ids are fixed: pad=0 unk=1 bos=2 eos=3. See `tfm tokenize COMMAND --help`."
+)
 app = typer.Typer(
+    cls=TfmCommandGroup,
     help="Train sentencepiece models and encode/decode text with them (line for line).",
+    epilog=GROUP_EPILOG,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -34,7 +44,12 @@ ENCODE_EPILOG = (
 DECODE_EPILOG = (
     "Examples:\n\n"
     "  tfm tokenize decode -m spm.model < hyp.pieces > hyp.txt\n\n"
-    "  tfm tokenize encode -m spm.model --ids < a.txt | tfm tokenize decode -m spm.model --ids"
+    "  tfm tokenize encode -m spm.model --ids < a.txt | tfm tokenize decode -m spm.model --ids\n\n"
+    "Pieces decode to exactly the text encode split (with the default identity normalization), "
+    "characters outside the vocabulary included: encode keeps them as pieces of their own. Ids do not: "
+    "encode --ids maps every such character to <unk> (id 1), which decodes as ' ⁇ '. For ids that "
+    "round-trip all text, train the model with `tfm tokenize train --byte-fallback` (unknown characters "
+    "become UTF-8 byte pieces)."
 )
 
 MODEL_HELP = "A sentencepiece .model from `tfm tokenize train`, or a tfm checkpoint (.safetensors)."
@@ -56,7 +71,7 @@ def load_tokenizer(model: str, side: str):
     return Tokenizer.from_file(Path(model))
 
 
-@app.command("train", epilog=TRAIN_EPILOG)
+@app.command("train", epilog=TRAIN_EPILOG, cls=TfmCommand)
 def train(
     inputs: List[str] = typer.Argument(..., help="Text files to learn from (several = joint vocabulary); `-` = stdin."),
     output: str = typer.Option(..., "-o", "--output", help="Output prefix: writes PREFIX.model and PREFIX.vocab."),
@@ -100,12 +115,12 @@ def train(
     print_info(f"wrote {model_path} and {prefix}.vocab: {tokenizer.vocab_size} pieces", quiet=quiet)
 
 
-@app.command("encode", epilog=ENCODE_EPILOG)
+@app.command("encode", epilog=ENCODE_EPILOG, cls=TfmCommand)
 def encode(
     model: str = typer.Option(..., "-m", "--model", help=MODEL_HELP),
     input: str = typer.Option("-", "-i", "--input", help="Raw text, one sentence per line; `-` = stdin."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
-    ids: bool = typer.Option(False, "--ids", help="Write piece ids instead of pieces."),
+    ids: bool = typer.Option(False, "--ids", help="Write piece ids instead of pieces (characters outside the vocabulary become <unk>, id 1, unless the model was trained with --byte-fallback)."),
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Split raw text into pieces (or ids), line for line; empty lines stay empty."""
@@ -121,7 +136,7 @@ def encode(
                 out.flush()
 
 
-@app.command("decode", epilog=DECODE_EPILOG)
+@app.command("decode", epilog=DECODE_EPILOG, cls=TfmCommand)
 def decode(
     model: str = typer.Option(..., "-m", "--model", help=MODEL_HELP),
     input: str = typer.Option("-", "-i", "--input", help="Space-separated pieces (or ids), one line each; `-` = stdin."),
@@ -129,7 +144,7 @@ def decode(
     ids: bool = typer.Option(False, "--ids", help="Read piece ids instead of pieces."),
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
-    """Join pieces (or ids) back into text, line for line: the exact inverse of encode."""
+    """Join pieces (or ids) back into text, line for line: pieces invert encode exactly, ids only without <unk>."""
     from tfm_cli.textio import iter_lines, open_output
 
     tokenizer = load_tokenizer(model, side)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import typer
 
@@ -109,7 +108,9 @@ def translate(
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
     lines = iter_lines(input, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if input == "-" else None)
     show_progress = not quiet and (progress or (input != "-" and sys.stderr.isatty()))
-    started = time.perf_counter()
+    if input == "-" and sys.stdin.isatty():
+        # Without this a person who forgot `-i` or a pipe sees nothing happen.
+        print_info("reading source lines from stdin (Ctrl-D to end)", quiet=quiet)
     with open_output(output) as out:
         chunks = translate_stream(translator, lines, stats)
         if not show_progress:
@@ -123,9 +124,14 @@ def translate(
                 for chunk in chunks:
                     write_chunks(out, [chunk], output_format)
                     bar.advance(task, len(chunk))
-    elapsed = time.perf_counter() - started
+    elapsed = stats.seconds  # translating only: time spent waiting for input lines is not counted
     if decode_stats.invalid_utf8_lines:
         print_warning(f"{decode_stats.invalid_utf8_lines} line(s) had invalid UTF-8; bad bytes became U+FFFD")
+    if stats.unencodable_lines:
+        print_warning(
+            f"{stats.unencodable_lines} non-blank line(s) had no characters the model's tokenizer keeps; "
+            "their output lines are empty"
+        )
     if stats.truncated_lines:
         print_warning(
             f"{stats.truncated_lines} line(s) exceeded the model's {loaded.config.max_positions - 1} source tokens "

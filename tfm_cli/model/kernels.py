@@ -5,7 +5,7 @@ weight. oneDNN (shipped inside torch; CTranslate2 uses it on AMD CPUs) can pack 
 into its blocked layout; torch's default F.linear (MKL's sgemm) re-packs it on every call. On the
 benchmark machine the 256 x 8000 projection ran 1.4-3x faster per call than F.linear at 30-160
 rows. A row's result from the packed product does not depend on how many rows share the call
-(tests/test_kernels.py), which the batch-invariant searches need (search.py).
+(tests/test_kernels.py), which the batch-invariant searches need (decoding.py).
 
 Only the output projection uses it: packing every linear layer measured no clear speed-up in
 whole beam searches (1.00-1.05x, within the machine's noise) and raised the peak memory of

@@ -1,0 +1,60 @@
+"""`tfm translate` at the edges: lines the tokenizer drops entirely, and a model with non-finite outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_config
+
+
+def letter_checkpoint(folder: Path, letters: dict[str, Path], normalization: str) -> Path:
+    """A random tiny model with a 20-piece tokenizer (trained on the letter data) saved as a checkpoint."""
+    from tfm_cli.checkpoint import save_model
+    from tfm_cli.model import Transformer
+    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+
+    settings = TokenizerTrainConfig(vocab_size=20, normalization=normalization)
+    spm = train_sentencepiece([letters["train_src"], letters["train_tgt"]], folder / "spm", settings)
+    tokenizer = Tokenizer.from_file(spm)
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size))
+    path = folder / "model.safetensors"
+    save_model(path, model.eval(), tokenizer, tokenizer)
+    return path
+
+
+def translate(model: Path, text: str, *options: str):
+    return run_cli(["translate", "-m", model, "-b", "2", "--max-len-a", "0", "--max-len-b", "4", *options], input=text)
+
+
+def test_a_line_the_tokenizer_drops_is_an_empty_line_and_is_counted(tmp_path, letters):
+    # nmt_nfkc removes control characters, so "\x01" encodes to no tokens at all.
+    model = letter_checkpoint(tmp_path, letters, "nmt_nfkc")
+    result = translate(model, "a b c\n\x01\x02\nc d\n")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # three answers, the second empty
+    assert "1 non-blank line(s) had no characters the model's tokenizer keeps" in result.stderr
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_model_with_non_finite_outputs_is_one_error(tmp_path, letters, value):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    path = letter_checkpoint(tmp_path, letters, "identity")
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    name = "encoder_layers.0.ffn.linear1.weight"
+    tensors[name] = torch.full_like(tensors[name], value)  # every activation after it is non-finite
+    save_file(tensors, str(path), metadata=metadata)
+    result = translate(path, "a b c\nc d\n", "-o", str(tmp_path / "out.txt"))
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no translation with a finite score" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.txt").exists()

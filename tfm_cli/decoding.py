@@ -1,0 +1,147 @@
+"""The seam between the searches and the model: a step decoder (start, one step to log-probs, reorder).
+
+search.py's greedy, beam and sampling loops see only `StepDecoder`; `TransformerDecoder` runs it
+on the Transformer's incremental cache. This module also owns batch invariance, behind one switch
+(`TransformerDecoder(batch_invariant=...)`): a sentence gets the same bits whatever else shares its
+batch. That needs three things, all here:
+- sources padded to a width that depends on their own length only (`padded_length`), so softmax
+  and sums over padded keys never see another sentence's length;
+- every matrix multiply with at least MIN_STEP_ROWS rows (`padded_rows`): CPU BLAS (MKL)
+  multiplies fewer than ~12 rows with a different kernel, which rounds differently;
+- decoder attention by its explicit formula softmax(QK^T)V: torch's fused CPU kernel, for one
+  query row per sequence, splits its work by batch size (measured with torch 2.13, AVX2 and AVX-512).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tfm_cli.config import ModelConfig
+from tfm_cli.model import DecoderState, Transformer
+
+MIN_STEP_ROWS = 16
+# A source is always padded to the next multiple of this many tokens, alone or in a batch.
+LENGTH_BUCKET = 8
+
+
+class StepDecoder(Protocol):
+    """What a search needs from a model, for a batch of N source sentences.
+
+    Rows are hypotheses, sentence-major: after `start(k, ...)` rows i*k .. i*k+k-1 belong to
+    sentence i. The vocabulary has `vocab_size` entries, with the special ids given.
+    """
+
+    n_sentences: int
+    vocab_size: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+    def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
+        """Per sentence, the most output tokens (EOS excluded) it may get: a * source length + b, capped."""
+
+    def start(self, rows_per_sentence: int, grouped: bool) -> None:
+        """Begin decoding with `rows_per_sentence` rows per sentence (grouped: they stay together)."""
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (R,) int64, each row's previous output (BOS first) -> (R, V) float32 log-probs."""
+
+    def select(self, rows: torch.Tensor, group_width: int = 1) -> None:
+        """Keep rows `rows` (R',) int64, in that order, in groups of `group_width` rows of one sentence."""
+
+
+def padded_length(n_tokens: int) -> int:
+    """The width a source of `n_tokens` (EOS included) is padded to: the next multiple of LENGTH_BUCKET."""
+    return -(-n_tokens // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def source_batch(sources: list[list[int]], config: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Source id lists (EOS not included) -> (N, S) int64, each + EOS, padded to one bucketed width.
+
+    The width is padded_length of the longest source (capped at max_positions); batch invariance
+    needs every sentence of a batch to have the same padded width (translation.bucketed_batches).
+    """
+    width = min(padded_length(max(len(ids) for ids in sources) + 1), config.max_positions)
+    rows = [ids + [config.eos_id] + [config.pad_id] * (width - len(ids) - 1) for ids in sources]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: int, limit: int) -> torch.Tensor:
+    """Per sentence, the most output tokens (EOS excluded) allowed: a * src_len + b, capped at `limit`.
+
+    src_lengths: (B,) int64, counting the source EOS. Returns (B,) int64.
+    """
+    lengths = (src_lengths.to(torch.float64) * max_len_a).floor().to(torch.int64) + max_len_b
+    return lengths.clamp(min=1, max=limit)
+
+
+def padded_rows(rows: torch.Tensor, group_width: int = 1) -> torch.Tensor:
+    """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= MIN_STEP_ROWS.
+
+    Pads with copies of the first group (whole groups, so the state's grouping still holds);
+    returns `rows` itself when it is long enough.
+    """
+    missing = MIN_STEP_ROWS - rows.numel()
+    if missing <= 0:
+        return rows
+    copies = -(-missing // group_width)  # ceil: whole groups
+    return torch.cat([rows, rows[:group_width].repeat(copies)])
+
+
+class TransformerDecoder:
+    """A StepDecoder over the Transformer's incremental cache for one source batch.
+
+    src: (N, S) int64 padded with pad_id, each row ending in EOS. The encoder runs once in `start`;
+    with `batch_invariant` (the default) it pads every product to MIN_STEP_ROWS rows and uses the
+    explicit attention formula, so that a row's log-probs never depend on the other rows.
+    """
+
+    def __init__(self, model: Transformer, src: torch.Tensor, batch_invariant: bool = True) -> None:
+        config = model.config
+        self.model, self.src, self.batch_invariant = model, src, batch_invariant
+        self.n_sentences = src.size(0)
+        self.vocab_size = config.tgt_vocab_size
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = config.pad_id, config.unk_id, config.bos_id, config.eos_id
+        self.src_lengths = (src != config.pad_id).sum(1)  # (N,) counting the source EOS
+        self.state: DecoderState | None = None
+        self.rows = 0  # real rows; the state may hold more (padding copies)
+
+    def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
+        """Per sentence, a * src_len + b output tokens (EOS excluded, src_len counting the source EOS).
+
+        Capped at max_positions - 2: BOS takes a position, and the output ends with EOS.
+        """
+        limit = self.model.config.max_positions - 2
+        return max_output_lengths(self.src_lengths, max_len_a, max_len_b, limit).tolist()
+
+    def start(self, rows_per_sentence: int, grouped: bool) -> None:
+        """Encode the sources and make `rows_per_sentence` decoder rows per sentence.
+
+        With `grouped`, a sentence's rows share one copy of its memory keys/values (DecoderState)
+        and must stay together in `select`. With batch invariance the encoder also runs on at least
+        MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
+        """
+        src = self.src
+        n_sentences, src_len = src.shape
+        extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences) if self.batch_invariant else 0
+        padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
+        self.state = self.model.start_decoding(self.model.encode(padded_src))
+        rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
+        self.select(rows, rows_per_sentence if grouped else 1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (R,) int64 -> (R, V) float32 log-probs of each row's next token, on the model's device."""
+        tokens = tokens.to(self.src.device)
+        if self.batch_invariant:
+            tokens = padded_rows(tokens, self.state.group_width)
+        output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
+        return torch.log_softmax(output.logits[: self.rows].float(), dim=-1)
+
+    def select(self, rows: torch.Tensor, group_width: int = 1) -> None:
+        """Keep `rows` (R',) int64 of the state, in order; groups of `group_width` rows share a sentence."""
+        self.rows = rows.numel()
+        rows = rows.to(self.src.device)
+        self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)
