@@ -1,7 +1,7 @@
 """Training throughput of tfm's step against a plain torch.nn.Transformer step, and model FLOPs utilisation.
 
 In one process, on the same batches of Multi30k de->en (tfm_cli.data token-budget batching, seeded):
-  tfm        tfm_cli.training.train_step on tfm_cli.model.Transformer (what `tfm train` runs per update)
+  tfm        tfm_cli.training.step.train_step on tfm_cli.model.Transformer (what `tfm train` runs per update)
   reference  torch.nn.Transformer (batch_first, post-norm) with the same sizes, a shared embedding
              tied to the output projection, sinusoidal positions, the usual masks, projection of
              every position then F.cross_entropy(label_smoothing, ignore_index=pad): the loop most
@@ -38,7 +38,7 @@ from tfm_cli.data import Batch, batch_indices, collate, epoch_generator, read_pa
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
-from tfm_cli.training import StepSettings, train_step
+from tfm_cli.training.step import StepSettings, train_step
 
 BENCH_DIR = Path(__file__).resolve().parent
 MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, letter_settings, run_cli
 from tfm_cli.checkpoint import read_checkpoint
-from tfm_cli.training import learning_rate
+from tfm_cli.training.objective import learning_rate
 from tfm_cli.textio import temp_file_beside
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"

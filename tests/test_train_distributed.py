@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.distributed import FAIL_AT_ENV
-from tfm_cli.training import STATE_FILE
+from tfm_cli.training.run_dir import STATE_FILE
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 STEPS = 4

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from conftest import tiny_config
 from tfm_cli.data import TokenizedCorpus, FilterStats, collate, flatten
 from tfm_cli.model import Transformer
-from tfm_cli.training import StepSettings, label_smoothed_loss, learning_rate, train_step
+from tfm_cli.training.objective import label_smoothed_loss, learning_rate
+from tfm_cli.training.step import StepSettings, train_step
 
 
 def test_paper_schedule_by_hand():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import torch
 from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import check_input_file
+from tfm_cli.training.run_dir import STEP_CHECKPOINT, step_checkpoints
 
-STEP_CHECKPOINT = re.compile(r"^checkpoint_(\d{8})\.safetensors$")
 
 
 def run_checkpoints(run_dir: Path, last: int) -> list[Path]:
@@ -28,7 +27,7 @@ def run_checkpoints(run_dir: Path, last: int) -> list[Path]:
         raise TfmError(f"{run_dir}: no such run folder")
     if last < 1:
         raise TfmError(f"--last must be at least 1, got {last}")
-    found = sorted(path for path in run_dir.iterdir() if STEP_CHECKPOINT.match(path.name))
+    found = step_checkpoints(run_dir)
     if len(found) < last:
         raise TfmError(
             f"{run_dir}: asked for the last {last} step checkpoints, but only {len(found)} exist "

@@ -390,7 +390,26 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     if model.get("share_embeddings") and not tokenizer.src_model and not tokenizer.joint:
         raise TfmError("model.share_embeddings = true needs tokenizer.joint = true (one vocabulary for both sides)")
     train = config_from_dict(TrainConfig, values.get("train", {}), "train")
-    return Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
+    recipe = Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
+    check_sections_agree(recipe)
+    return recipe
+
+
+def check_sections_agree(recipe: Recipe) -> None:
+    """Raise TfmError for settings of different sections that cannot work together."""
+    data, train = recipe.data, recipe.train
+    if data.max_length > train.max_tokens:
+        raise TfmError(
+            f"data.max_length ({data.max_length}) is larger than train.max_tokens ({train.max_tokens}); "
+            "a batch must hold at least one sentence"
+        )
+    if train.best_metric == "bleu" and not train.valid_bleu and data.valid_src:
+        raise TfmError("train.best_metric = 'bleu' needs train.valid_bleu = true (or use best_metric = 'loss')")
+    if train.patience and not data.valid_src:
+        raise TfmError("train.patience needs validation data (data.valid_src and data.valid_tgt)")
+    max_positions = recipe.model.get("max_positions", ModelConfig.max_positions)
+    if max_positions < data.max_length:
+        raise TfmError(f"model.max_positions ({max_positions}) must be at least data.max_length ({data.max_length})")
 
 
 def check_model_section(values: dict[str, Any]) -> dict[str, Any]:

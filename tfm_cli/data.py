@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
+from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
@@ -227,6 +228,63 @@ def batch_indices(
     if generator is not None:
         batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
     return batches
+
+
+class EpochSampler:
+    """The batches of every epoch in training order, a function of (seed, epoch) only, and a rank's share.
+
+    With W ranks an epoch's batch list is cut to a multiple of W (dropping fewer than W batches,
+    which the next epoch's shuffle puts elsewhere) so that every rank does the same updates. An
+    update takes the next update_freq * W batches; rank r trains on every W-th of them from the r-th.
+    """
+
+    def __init__(
+        self, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, seed: int,
+        update_freq: int, world: World,
+    ) -> None:
+        self.src_lengths, self.tgt_lengths = src_lengths, tgt_lengths
+        self.max_tokens, self.seed, self.update_freq, self.world = max_tokens, seed, update_freq, world
+        self.cached: tuple[int, list[torch.Tensor]] | None = None
+
+    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
+        """The batches (index tensors) of epoch `epoch`, the same list on every rank.
+
+        Raises TfmError (on every rank alike) if there are fewer batches than ranks: a rank would have none.
+        """
+        if self.cached is None or self.cached[0] != epoch:
+            generator = epoch_generator(self.seed, epoch)
+            batches = batch_indices(self.src_lengths, self.tgt_lengths, self.max_tokens, generator)
+            world_size = self.world.world_size
+            if len(batches) < world_size:
+                raise TfmError(
+                    f"the training data makes {len(batches)} batch(es) (train.max_tokens={self.max_tokens}) "
+                    f"but there are {world_size} processes and each needs at least one; lower train.max_tokens "
+                    "or use fewer processes"
+                )
+            self.cached = (epoch, batches[: len(batches) // world_size * world_size])
+        return self.cached[1]
+
+    def update(self, epoch: int, batch_in_epoch: int) -> tuple[list[torch.Tensor], int, int]:
+        """This rank's batches for the update at (epoch, batch_in_epoch), and the position after it.
+
+        Returns (index tensors, next epoch, next batch_in_epoch); batch_in_epoch counts all ranks'
+        batches. A position past the end of the epoch (a resume with a larger train.max_tokens makes
+        fewer batches) starts the next epoch.
+        """
+        batches = self.epoch_batches(epoch)
+        if batch_in_epoch >= len(batches):
+            epoch, batch_in_epoch = epoch + 1, 0
+            batches = self.epoch_batches(epoch)
+        world = self.world
+        group = batches[batch_in_epoch : batch_in_epoch + self.update_freq * world.world_size]
+        batch_in_epoch += len(group)
+        if batch_in_epoch >= len(batches):
+            epoch, batch_in_epoch = epoch + 1, 0
+        return group[world.rank :: world.world_size], epoch, batch_in_epoch
+
+    def updates_per_epoch(self) -> int:
+        """Optimizer updates in one epoch: the sorted batch boundaries, so the count, are the same every epoch."""
+        return -(-len(self.epoch_batches(0)) // (self.update_freq * self.world.world_size))
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:

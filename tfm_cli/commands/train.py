@@ -62,18 +62,18 @@ class TrainDisplay:
         self.last_stats = ""
 
     def __call__(self, event) -> None:
-        from tfm_cli import training
+        from tfm_cli.training import events
 
         if self.quiet:
             return
         handler = {
-            training.PhaseEvent: self.phase,
-            training.DataEvent: self.data,
-            training.StartEvent: self.start,
-            training.StepEvent: self.step,
-            training.LogEvent: self.log,
-            training.ValidEvent: self.valid,
-            training.SaveEvent: self.saved,
+            events.PhaseEvent: self.phase,
+            events.DataEvent: self.data,
+            events.StartEvent: self.start,
+            events.StepEvent: self.step,
+            events.LogEvent: self.log,
+            events.ValidEvent: self.valid,
+            events.SaveEvent: self.saved,
         }[type(event)]
         handler(event)
 
@@ -198,7 +198,8 @@ def train(
 
     from tfm_cli.config import load_recipe
     from tfm_cli.distributed import world_from_env
-    from tfm_cli.training import run_training, saved_recipe
+    from tfm_cli.training.run_dir import saved_recipe
+    from tfm_cli.training.trainer import run_training
 
     if threads < 0:
         raise TfmError(f"--threads must be >= 0, got {threads}")

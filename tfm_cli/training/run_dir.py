@@ -1,0 +1,104 @@
+"""The run directory of `tfm train`: its file names, checkpoint naming, checks, and metrics.jsonl.
+
+`tfm average --run` finds a run's step checkpoints through `step_checkpoints` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from tfm_cli.config import Recipe
+from tfm_cli.errors import TfmError
+from tfm_cli.textio import atomic_write_bytes
+
+STATE_FILE = "train_state.safetensors"
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+LAST_CHECKPOINT = "checkpoint_last.safetensors"
+BEST_CHECKPOINT = "checkpoint_best.safetensors"
+# checkpoint_00001200.safetensors: 8 digits (or more), so lexical order is numeric order.
+STEP_CHECKPOINT = re.compile(r"^checkpoint_(\d{8,})\.safetensors$")
+# The files a run writes atomically, as regular expressions over their names (on resume, the temp
+# files of a killed save are found by these).
+RUN_FILES = "|".join([
+    r"checkpoint_(?:\d+|last|best)\.safetensors",
+    r"spm(?:\.src|\.tgt)?\.(?:model|vocab)",  # the run's tokenizers
+    *map(re.escape, (STATE_FILE, CONFIG_FILE, METRICS_FILE)),
+])
+CACHE_FILES = r"[\w.-]+\.safetensors"  # the tokenized corpora in run_dir/cache
+CACHE_DIR = "cache"
+
+
+def step_checkpoint_path(run_dir: Path, step: int) -> Path:
+    """run_dir / checkpoint_STEP.safetensors, STEP zero-padded to 8 digits."""
+    return run_dir / f"checkpoint_{step:08d}.safetensors"
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The step checkpoints (checkpoint_NNNNNNNN.safetensors) in `run_dir`, oldest step first."""
+    found = [path for path in run_dir.iterdir() if STEP_CHECKPOINT.match(path.name)]
+    return sorted(found, key=lambda path: int(STEP_CHECKPOINT.match(path.name).group(1)))
+
+
+def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
+    """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["recipe"]
+    except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+        raise TfmError(f"{path}: damaged run config; start a new --run") from None
+
+
+def check_resumable(recipe: Recipe, run_dir: Path) -> None:
+    """Raise TfmError if the recipe's data, tokenizer or model settings differ from the run's own."""
+    saved = saved_recipe(run_dir)
+    if saved is None:
+        raise TfmError(f"{run_dir}: no {CONFIG_FILE}; this is not a tfm run directory")
+    current = recipe.to_dict()
+    for section in ("data", "tokenizer", "model"):
+        old, new = saved.get(section, {}), current[section]
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                raise TfmError(
+                    f"--resume: {section}.{key} is {new.get(key)!r} but the run in {run_dir} used {old.get(key)!r}; "
+                    "only [train] settings may change on resume"
+                )
+
+
+def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
+    """Refuse to overwrite a run without --resume, or to resume one that does not exist or differs."""
+    if resume:
+        if not (run_dir / STATE_FILE).is_file():
+            raise TfmError(f"{run_dir}: no {STATE_FILE} to resume from; drop --resume to start a new run")
+        check_resumable(recipe, run_dir)
+    elif (run_dir / STATE_FILE).is_file():
+        raise TfmError(f"{run_dir} already holds a training run; add --resume to continue it, or choose another --run")
+
+
+def write_metrics(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as a line to metrics.jsonl; a non-finite number is written as null.
+
+    (NaN and Infinity are not JSON: strict readers, jq among them, reject the whole line.)
+    """
+    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(finite, sort_keys=True, allow_nan=False) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metrics.jsonl records after `step` (written by a session that died after its last save)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line + "\n")
+    atomic_write_bytes(path, "".join(kept).encode("utf-8"))

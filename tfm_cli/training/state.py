@@ -1,0 +1,154 @@
+"""The exact-resume training state: counters, weights, Adam moments and RNG states.
+
+Saved as safetensors tensors plus JSON metadata in train_state.safetensors: nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from tfm_cli import distributed
+from tfm_cli.checkpoint import model_weights
+from tfm_cli.distributed import World
+from tfm_cli.errors import TfmError
+from tfm_cli.model import Transformer
+
+STATE_FORMAT = "tfm-train-state"
+STATE_VERSION = 1
+
+
+@dataclass
+class Counters:
+    """Everything of the loop's position that resume needs, besides tensors (saved as JSON)."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    elapsed: float = 0.0  # training seconds, over all sessions
+    best_value: float | None = None
+    best_step: int = 0
+    bad_validations: int = 0  # validations in a row without improvement
+    world_size: int = 1  # ranks that trained the run; resume needs the same number (same effective batch)
+    overflow_steps: int = 0  # fp16 updates skipped by the loss scaler (inf/nan gradients)
+    nonfinite_steps: int = 0  # fp32/bf16 updates skipped for an inf/nan loss or gradient
+    nonfinite_in_a_row: int = 0  # consecutive ones up to now; max_bad_steps of them stop the run
+
+
+def state_tensors(
+    model: Transformer, optimizer: torch.optim.Optimizer, rank_rng: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Model weights, Adam moments and RNG states as named CPU tensors (plus every rank's RNG, if given)."""
+    tensors = {f"model.{name}": tensor for name, tensor in model_weights(model).items()}
+    names = [name for name, _ in model.named_parameters()]
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer.{names[index]}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["rng.cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, rng in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = rng
+    tensors.update(rank_rng or {})
+    return tensors
+
+
+def encode_state(
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    counters: Counters,
+    rank_rng: dict[str, torch.Tensor] | None = None,
+) -> bytes:
+    """The whole training state as safetensors bytes (tensors + JSON metadata)."""
+    metadata = {
+        "format": STATE_FORMAT,
+        "format_version": str(STATE_VERSION),
+        "counters": json.dumps(asdict(counters)),
+        "scaler": json.dumps(scaler.state_dict() if scaler is not None else None),
+    }
+    return save(state_tensors(model, optimizer, rank_rng), metadata=metadata)
+
+
+def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a training-state file; raises TfmError if it is not one."""
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            metadata = json.loads(f.read(header_size)).get("__metadata__", {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise TfmError(f"{path}: unreadable training state ({error}); resume from a checkpoint instead") from None
+    if metadata.get("format") != STATE_FORMAT or metadata.get("format_version") != str(STATE_VERSION):
+        raise TfmError(f"{path}: not a tfm training state of version {STATE_VERSION}")
+    return tensors, metadata
+
+
+def gather_rank_rng(world: World, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every rank's RNG states, named rng.cpu.rankR (and rng.cuda.rankR on CUDA); empty for one process.
+
+    A collective: every rank must call it. Ranks draw different dropout masks, so each has its own state.
+    """
+    if not world.distributed:
+        return {}
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    named = {}
+    for kind, state in states.items():
+        for rank, gathered in enumerate(distributed.all_gather(state, world, device)):
+            named[f"rng.{kind}.rank{rank}"] = gathered
+    return named
+
+
+def restore_state(
+    path: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    world: World = World(),
+) -> Counters:
+    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects.
+
+    Raises TfmError if the run was trained by a different number of ranks than `world` has.
+    """
+    tensors, metadata = read_state(path)
+    counters = Counters(**json.loads(metadata["counters"]))
+    if counters.world_size != world.world_size:
+        raise TfmError(
+            f"{path}: the run was trained with {counters.world_size} process(es) but this resume has "
+            f"{world.world_size}; resume with `torchrun --nproc-per-node ...` giving {counters.world_size} processes "
+            "in all (the effective batch and data order depend on it)"
+        )
+    names = [name for name, _ in model.named_parameters()]
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            saved = tensors.get(f"model.{name}")
+            if saved is None or saved.shape != param.shape:
+                raise TfmError(f"{path}: the training state does not match the model ({name}); start a new --run")
+            param.copy_(saved)
+    template = optimizer.state_dict()
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for index, name in enumerate(names):
+        prefix = f"optimizer.{name}."
+        entries = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+        if entries:
+            state[index] = entries
+    optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
+    torch.set_rng_state(tensors["rng.cpu"])
+    cuda_states = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    if world.distributed:
+        torch.set_rng_state(tensors[f"rng.cpu.rank{world.rank}"])
+        cuda_state = tensors.get(f"rng.cuda.rank{world.rank}")
+        if cuda_state is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda_state, torch.cuda.current_device())
+    scaler_state = json.loads(metadata.get("scaler", "null"))
+    if scaler is not None and scaler_state:
+        scaler.load_state_dict(scaler_state)
+    return counters
