@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from tfm_cli.config import load_recipe
+from tfm_cli.config import ModelShape, load_recipe
 from tfm_cli.errors import TfmError
 
 # Self-contained recipes (the quickstart's [data] is filled in by its own script).
@@ -20,7 +20,7 @@ def test_every_shipped_recipe_loads_and_points_at_existing_data(path, multi30k_d
     recipe = load_recipe(path, [])
     for name in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
         assert Path(getattr(recipe.data, name)).is_file(), name
-    assert recipe.model_config(8000, 8000).d_model == recipe.model.get("d_model", 512)
+    assert recipe.model_config(8000, 8000).d_model == recipe.model.d_model
 
 
 def test_multi30k_recipe_without_its_data_folder_names_the_variable(monkeypatch):
@@ -53,7 +53,7 @@ def test_overrides_parse_toml_values_and_resolve_paths_against_cwd(tmp_path):
                  "tokenizer.user_defined_symbols=['<sep>']"]
     recipe = load_recipe(write_recipe(tmp_path, MINIMAL), overrides, cwd=Path("/work/elsewhere"))
     assert recipe.train.max_tokens == 2048 and recipe.train.lr == 1e-3 and recipe.train.best_metric == "loss"
-    assert recipe.model == {"share_embeddings": True}
+    assert recipe.model == ModelShape(share_embeddings=True)
     assert recipe.data.valid_src == "/work/elsewhere/v.de"
     assert recipe.tokenizer.train_settings().user_defined_symbols == ("<sep>",)
 

@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,11 +23,12 @@ ConfigT = TypeVar("ConfigT")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Sizes and switches of the encoder-decoder Transformer (names follow the paper)."""
+class ModelShape:
+    """The Transformer's sizes and switches (names follow the paper): what a recipe's [model] sets.
 
-    src_vocab_size: int
-    tgt_vocab_size: int
+    The vocabulary sizes and special ids come from the tokenizer; ModelConfig adds them.
+    """
+
     d_model: int = 512
     n_heads: int = 8
     d_ff: int = 2048
@@ -45,15 +46,9 @@ class ModelConfig:
     tie_output: bool = True
     max_positions: int = 1024
     layer_norm_eps: float = 1e-5
-    pad_id: int = PAD_ID
-    unk_id: int = UNK_ID
-    bos_id: int = BOS_ID
-    eos_id: int = EOS_ID
 
     def __post_init__(self) -> None:
-        positive = ["src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
-                    "n_enc_layers", "n_dec_layers", "max_positions"]
-        for name in positive:
+        for name in ("d_model", "n_heads", "d_ff", "n_enc_layers", "n_dec_layers", "max_positions"):
             if getattr(self, name) <= 0:
                 raise TfmError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
         if self.d_model % self.n_heads != 0:
@@ -63,6 +58,29 @@ class ModelConfig:
                 raise TfmError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.activation not in ("relu", "gelu"):
             raise TfmError(f"model.activation must be 'relu' or 'gelu', got {self.activation!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """d_k = d_v = d_model / h (section 3.2.2)."""
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class ModelConfig(ModelShape):
+    """A whole model's config: its ModelShape plus the vocabulary sizes and special ids of its tokenizers."""
+
+    src_vocab_size: int = field(kw_only=True)
+    tgt_vocab_size: int = field(kw_only=True)
+    pad_id: int = field(default=PAD_ID, kw_only=True)
+    unk_id: int = field(default=UNK_ID, kw_only=True)
+    bos_id: int = field(default=BOS_ID, kw_only=True)
+    eos_id: int = field(default=EOS_ID, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise TfmError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise TfmError(
                 "model.share_embeddings needs one joint vocabulary, but src_vocab_size="
@@ -74,11 +92,6 @@ class ModelConfig:
         for name, value in special.items():
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise TfmError(f"model.{name}={value} is outside the vocabulary")
-
-    @property
-    def head_dim(self) -> int:
-        """d_k = d_v = d_model / h (section 3.2.2)."""
-        return self.d_model // self.n_heads
 
 
 @dataclass(frozen=True)
@@ -338,12 +351,12 @@ class Recipe:
 
     data: DataConfig
     tokenizer: TokenizerConfig
-    model: dict[str, Any]  # ModelConfig fields except MODEL_KEYS_FROM_TOKENIZER, type-checked
+    model: ModelShape
     train: TrainConfig
 
     def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
         """The ModelConfig for tokenizers of these vocabulary sizes (special ids are tfm's fixed ones)."""
-        return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **self.model)
+        return ModelConfig(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, **config_to_dict(self.model))
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as nested plain data (the [tokenizer] section flat, as in the TOML file)."""
@@ -354,7 +367,7 @@ class Recipe:
         return {
             "data": config_to_dict(self.data),
             "tokenizer": tokenizer,
-            "model": dict(self.model),
+            "model": config_to_dict(self.model),
             "train": config_to_dict(self.train),
         }
 
@@ -387,7 +400,7 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     train_settings = config_from_dict(TokenizerTrainConfig, tokenizer_values, "tokenizer")
     tokenizer = TokenizerConfig(**own, train=train_settings)
     model = check_model_section(values.get("model", {}))
-    if model.get("share_embeddings") and not tokenizer.src_model and not tokenizer.joint:
+    if model.share_embeddings and not tokenizer.src_model and not tokenizer.joint:
         raise TfmError("model.share_embeddings = true needs tokenizer.joint = true (one vocabulary for both sides)")
     train = config_from_dict(TrainConfig, values.get("train", {}), "train")
     recipe = Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
@@ -407,25 +420,18 @@ def check_sections_agree(recipe: Recipe) -> None:
         raise TfmError("train.best_metric = 'bleu' needs train.valid_bleu = true (or use best_metric = 'loss')")
     if train.patience and not data.valid_src:
         raise TfmError("train.patience needs validation data (data.valid_src and data.valid_tgt)")
-    max_positions = recipe.model.get("max_positions", ModelConfig.max_positions)
-    if max_positions < data.max_length:
-        raise TfmError(f"model.max_positions ({max_positions}) must be at least data.max_length ({data.max_length})")
+    if recipe.model.max_positions < data.max_length:
+        raise TfmError(
+            f"model.max_positions ({recipe.model.max_positions}) must be at least data.max_length ({data.max_length})"
+        )
 
 
-def check_model_section(values: dict[str, Any]) -> dict[str, Any]:
-    """Type-check a [model] section (ModelConfig fields minus those the tokenizer fixes); returns it."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)} - set(MODEL_KEYS_FROM_TOKENIZER)
+def check_model_section(values: dict[str, Any]) -> ModelShape:
+    """The recipe's [model] section as a validated ModelShape (the tokenizer's keys are refused)."""
     for key in values:
         if key in MODEL_KEYS_FROM_TOKENIZER:
             raise TfmError(f"model.{key} comes from the tokenizer; remove it from the recipe")
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise TfmError(f"unknown key model.{unknown[0]}; valid keys in [model]: {', '.join(sorted(fields))}")
-    hints = typing.get_type_hints(ModelConfig)
-    checked = {key: check_type(f"model.{key}", value, hints[key]) for key, value in values.items()}
-    # Build a throwaway config so value errors (d_model % n_heads, dropout range) surface now.
-    ModelConfig(src_vocab_size=64, tgt_vocab_size=64, **checked)
-    return checked
+    return config_from_dict(ModelShape, values, "model")
 
 
 def expand_path(key: str, value: Any, base: Path) -> Any:

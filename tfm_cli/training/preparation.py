@@ -66,7 +66,7 @@ def prepare_data(recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable
     train_text = read_parallel(data.train_src, data.train_tgt, "training")
     valid_text = read_parallel(data.valid_src, data.valid_tgt, "validation") if data.valid_src else None
     src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, train_text, on_event)
-    if recipe.model.get("share_embeddings", False) and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
+    if recipe.model.share_embeddings and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
         raise TfmError(
             "model.share_embeddings needs one joint sentencepiece model for both sides "
             "(tokenizer.joint = true, or no tokenizer.tgt_model)"

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.config import Recipe
+from tfm_cli.config import ModelShape, Recipe, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import atomic_write_bytes
 
@@ -62,6 +62,8 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
     if saved is None:
         raise TfmError(f"{run_dir}: no {CONFIG_FILE}; this is not a tfm run directory")
     current = recipe.to_dict()
+    # A [model] section is compared with its defaults filled in: config.json may list only the keys set.
+    saved = {**saved, "model": config_to_dict(config_from_dict(ModelShape, saved.get("model", {}), "model"))}
     for section in ("data", "tokenizer", "model"):
         old, new = saved.get(section, {}), current[section]
         for key in sorted(set(old) | set(new)):
