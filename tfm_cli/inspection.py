@@ -12,10 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.alignment import Span, hard_alignment, merge_to_words, word_spans
+from tfm_cli.alignment import Span, hard_alignment, intersect, merge_to_words, transpose_pairs, word_spans
+from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.config import DecodeConfig
+from tfm_cli.decoding import source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.attention import CrossAttention, SelfAttention
+from tfm_cli.search import beam_search
 
 KINDS = ("cross", "encoder", "decoder")
 BOS_LABEL, EOS_LABEL = "<s>", "</s>"
@@ -143,6 +147,72 @@ def attention_view(
 
 
 # ---- the walkthrough of one head ------------------------------------------------------------------
+
+
+@dataclass
+class Example:
+    """One sentence pair ready to inspect: texts, ids and pieces of both sides."""
+
+    source: str
+    target: str
+    src_ids: list[int]
+    tgt_ids: list[int]
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+    translated: bool = False  # True when `target` is the model's own translation of `source`
+
+
+def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int) -> Example:
+    """Tokenize `source` and `target`; with no target, the model translates `source` first.
+
+    The translation is the one `tfm translate -b BEAM` gives (the same padding, the same search).
+    """
+    src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
+    src_ids = src_tok.encode_ids(source)
+    translated = target is None
+    if translated:
+        device = next(loaded.model.parameters()).device
+        src = source_batch([src_ids], loaded.config, device)  # (1, S)
+        tgt_ids = beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
+        target = tgt_tok.decode_ids(tgt_ids)
+    else:
+        tgt_ids = tgt_tok.encode_ids(target)
+    return Example(
+        source, target, src_ids, tgt_ids,
+        [src_tok.id_to_piece(i) for i in src_ids], [tgt_tok.id_to_piece(i) for i in tgt_ids], translated,
+    )
+
+
+def example_view(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool) -> AttentionView:
+    """The AttentionView (see attention_view) of one example under `loaded`'s model."""
+    return attention_view(
+        loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words
+    )
+
+
+def intersected_alignment(
+    view: AttentionView, reverse: LoadedModel, example: Example, layer: int, head: int | None
+) -> list[tuple[int, int]]:
+    """The word alignment pairs both directions agree on: `view`'s and the reverse model's (target->source).
+
+    `view` must be a word-level cross-attention view of `example`. Raises TfmError when the two
+    models split the pair into different words (their tokenizers normalise text differently).
+    """
+    src_ids = reverse.src_tokenizer.encode_ids(example.target)
+    tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
+    swapped = Example(
+        example.target, example.source, src_ids, tgt_ids,
+        [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
+    )
+    backward = example_view(reverse, swapped, "cross", layer, head, words=True)
+    n_src, n_tgt = len(backward.rows) - 1, len(backward.columns) - 1
+    if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
+        raise TfmError(
+            f"the reverse model splits the pair into {n_src}+{n_tgt} words, the forward model into "
+            f"{len(view.columns) - 1}+{len(view.rows) - 1}; their tokenizers normalise text differently, "
+            "so the alignments cannot be intersected"
+        )
+    return intersect(view.alignment, transpose_pairs(backward.alignment))
 
 
 @dataclass

@@ -7,11 +7,12 @@ import io
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Optional
 
 import typer
+
+from tfm_cli.commands.options import apply_threads, device_option, threads_option
 
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
@@ -19,6 +20,7 @@ from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside
 
 if TYPE_CHECKING:
     from tfm_cli.checkpoint import LoadedModel
+    from tfm_cli.inspection import Example
 
 EPILOG = (
     "Examples:\n\n"
@@ -33,19 +35,8 @@ EPILOG = (
 FORMATS = ("heatmap", "pharaoh", "json", "csv")
 
 
-@dataclass
-class Example:
-    """One sentence pair ready to inspect: texts, ids and pieces of both sides."""
-
-    source: str
-    target: str
-    src_ids: list[int]
-    tgt_ids: list[int]
-    src_pieces: list[str]
-    tgt_pieces: list[str]
-
-
 def inspect_attention(
+    ctx: typer.Context,
     sentence: Optional[str] = typer.Argument(None, help="The source sentence; omitted: every line of --input."),
     model: Optional[str] = typer.Option(None, "-m", "--model", help="The checkpoint (.safetensors)."),
     input: str = typer.Option("-", "-i", "--input", help="Source sentences, one per line, when no SENTENCE is given; `-` = stdin."),
@@ -63,8 +54,8 @@ def inspect_attention(
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
     beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy)."),
-    device: str = typer.Option("auto", "--device", help="Torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    device: str = device_option(),
+    threads: int = threads_option(),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
@@ -85,13 +76,11 @@ def inspect_attention(
         return
     if model is None:
         raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
-    import torch
 
     from tfm_cli.checkpoint import load_model
     from tfm_cli.devices import resolve_device
 
-    if threads > 0:
-        torch.set_num_threads(threads)
+    apply_threads(ctx, threads)
     target_device = resolve_device(device)
     loaded = load_model(model, device=target_device)
     reverse = load_model(reverse_model, device=target_device) if reverse_model else None
@@ -99,6 +88,8 @@ def inspect_attention(
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
+    from tfm_cli.inspection import example_view
+
     examples = read_examples(loaded, sentence, input, target, target_file, beam, quiet)
     with open_output(output) as out:
         if walkthrough:
@@ -112,7 +103,7 @@ def inspect_attention(
             count += 1
             if png is not None and count > 1:
                 raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
-            view = view_of(loaded, example, kind, layer, head_index, words)
+            view = example_view(loaded, example, kind, layer, head_index, words)
             if output_format == "pharaoh":
                 write_alignment(view, reverse, example, layer, head_index, out)
             elif output_format == "json":
@@ -177,6 +168,7 @@ def read_examples(
     beam: int, quiet: bool,
 ) -> Iterator[Example]:
     """Yield an Example per source sentence: forced targets if given, else the model's translation."""
+    from tfm_cli.inspection import make_example
     from tfm_cli.textio import iter_lines
 
     if target is not None and sentence is None:
@@ -190,80 +182,20 @@ def read_examples(
         forced = None if targets is None else next(targets, None)
         if targets is not None and forced is None:
             raise TfmError(f"--target-file has {count - 1} lines, fewer than the input; they must be line-parallel")
-        yield make_example(loaded, source, forced, beam, quiet)
+        example = make_example(loaded, source, forced, beam)
+        if example.translated:
+            print_info(f"translation: {example.target}", quiet=quiet)
+        yield example
     if target_file is not None and next(targets, None) is not None:
         raise TfmError(f"--target-file has more lines than the input ({count}); they must be line-parallel")
 
 
-def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int, quiet: bool) -> Example:
-    """Tokenize `source`; use `target` or translate it (beam search, or greedy for beam 1)."""
-    src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
-    src_ids = src_tok.encode_ids(source)
-    if target is None:
-        tgt_ids = translate_ids(loaded, src_ids, beam)
-        target = tgt_tok.decode_ids(tgt_ids)
-        print_info(f"translation: {target}", quiet=quiet)
-    else:
-        tgt_ids = tgt_tok.encode_ids(target)
-    return Example(
-        source, target, src_ids, tgt_ids,
-        [src_tok.id_to_piece(i) for i in src_ids], [tgt_tok.id_to_piece(i) for i in tgt_ids],
-    )
-
-
-def translate_ids(loaded: LoadedModel, src_ids: list[int], beam: int) -> list[int]:
-    """The model's translation of one source (ids without EOS): beam search, or greedy for beam 1."""
-    import torch
-
-    config = loaded.config
-    src = torch.tensor([src_ids + [config.eos_id]], device=next(loaded.model.parameters()).device)  # (1, S)
-    if beam <= 1:
-        from tfm_cli.search import greedy_search
-
-        return greedy_search(loaded.model, src)[0].tokens
-    from tfm_cli.config import DecodeConfig
-    from tfm_cli.search import beam_search
-
-    return beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
-
-
-def view_of(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool):
-    """The AttentionView of one example (see tfm_cli.inspection.attention_view)."""
-    from tfm_cli.inspection import attention_view
-
-    return attention_view(
-        loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words
-    )
-
-
-def reverse_alignment(reverse: LoadedModel, example: Example, layer: int, head: int | None, words: bool):
-    """The reverse model's word alignment of the same pair, as (src, tgt) pairs of the forward direction."""
-    from tfm_cli.alignment import transpose_pairs
-
-    src_ids = reverse.src_tokenizer.encode_ids(example.target)
-    tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
-    swapped = Example(
-        example.target, example.source, src_ids, tgt_ids,
-        [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
-    )
-    view = view_of(reverse, swapped, "cross", layer, head, words)
-    return transpose_pairs(view.alignment), len(view.rows) - 1, len(view.columns) - 1
-
-
 def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None, out: IO[str]) -> None:
     """Print one Pharaoh line: the view's argmax pairs, intersected with the reverse model's if given."""
-    from tfm_cli.alignment import intersect, pharaoh
+    from tfm_cli.alignment import pharaoh
+    from tfm_cli.inspection import intersected_alignment
 
-    pairs = view.alignment
-    if reverse is not None:
-        backward, n_src, n_tgt = reverse_alignment(reverse, example, layer, head, words=True)
-        if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
-            raise TfmError(
-                f"the reverse model splits the pair into {n_src}+{n_tgt} words, the forward model into "
-                f"{len(view.columns) - 1}+{len(view.rows) - 1}; their tokenizers normalise text differently, "
-                "so the alignments cannot be intersected"
-            )
-        pairs = intersect(pairs, backward)
+    pairs = view.alignment if reverse is None else intersected_alignment(view, reverse, example, layer, head)
     out.write(pharaoh(pairs) + "\n")
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from tfm_cli.commands.options import apply_threads, device_option, threads_option
+
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 
@@ -28,6 +30,7 @@ EPILOG = (
 
 
 def score(
+    ctx: typer.Context,
     references: List[str] = typer.Option([], "-r", "--reference", help="Reference file (repeat for several references)."),
     input: str = typer.Option("-", "-i", "--input", help="Hypotheses, one per line; `-` = stdin."),
     metrics: str = typer.Option("bleu,chrf,ter", "--metrics", help="Comma-separated: bleu, chrf, chrf++, ter."),
@@ -41,8 +44,8 @@ def score(
     normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
     alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
-    device: str = typer.Option("auto", "--device", help="With -m: torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
-    threads: int = typer.Option(0, "--threads", help="With -m: CPU threads for torch (0 = torch's default)."),
+    device: str = device_option('With -m: '),
+    threads: int = threads_option('With -m: '),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     as_json: bool = typer.Option(False, "--json", help="JSON for pipelines: a list of metrics, one object per line with --sentence, or with -m one object per pair (schema tfm-score/1, see README)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
@@ -53,7 +56,7 @@ def score(
             raise TfmError("-m/--model scores --src/--tgt with a model; -r/--reference is for metrics, not both")
         if src is None or tgt is None:
             raise TfmError("-m/--model needs both --src and --tgt (line-parallel files)")
-        score_with_model(model, src, tgt, normalize, alpha, batch_size, device, threads, output, as_json, quiet)
+        score_with_model(ctx, model, src, tgt, normalize, alpha, batch_size, device, threads, output, as_json, quiet)
         return
     if src is not None or tgt is not None:
         raise TfmError("--src/--tgt are for model scoring; add -m/--model, or use -r/-i for metrics")
@@ -146,6 +149,7 @@ def json_record(result: SentenceScore, value: float, pieces: list[str]) -> dict:
 
 
 def score_with_model(
+    ctx: typer.Context,
     model_path: str,
     src: str,
     tgt: str,
@@ -161,8 +165,6 @@ def score_with_model(
     """Forced-decode every (--src, --tgt) pair and write one score per line, streaming."""
     import math
 
-    import torch
-
     from tfm_cli.checkpoint import load_model
     from tfm_cli.devices import resolve_device
     from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
@@ -174,8 +176,7 @@ def score_with_model(
         raise TfmError(f"--length-penalty must be >= 0, got {alpha}")
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
-    if threads > 0:
-        torch.set_num_threads(threads)
+    apply_threads(ctx, threads)
     loaded = load_model(model_path, device=resolve_device(device))
     # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.
     src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from tfm_cli.commands.options import apply_threads, device_option, threads_option
+
 from tfm_cli.console import print_info, print_warning, stderr_console
 from tfm_cli.errors import TfmError
 
@@ -174,6 +176,7 @@ def format_seconds(seconds: float) -> str:
 
 
 def train(
+    ctx: typer.Context,
     recipe: Optional[str] = typer.Argument(
         None, help="A TOML recipe (tables data, tokenizer, model, train); optional with --resume."
     ),
@@ -186,26 +189,21 @@ def train(
         [], "--set", help="Override a recipe setting: section.key=value (TOML value), e.g. train.max_tokens=2048."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run from its last saved state."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA if available), cpu, cuda or cuda:N."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    device: str = device_option(),
+    threads: int = threads_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or messages on stderr (errors still)."),
     compile_model: bool = typer.Option(
         False, "--compile", help="torch.compile the training step (same as --set train.compile=true)."
     ),
 ) -> None:
     """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
-    import torch
 
     from tfm_cli.config import load_recipe
     from tfm_cli.distributed import world_from_env
     from tfm_cli.training.run_dir import saved_recipe
     from tfm_cli.training.trainer import run_training
 
-    if threads < 0:
-        raise TfmError(f"--threads must be >= 0, got {threads}")
-    previous_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(ctx, threads)
     run_dir = Path(run)
     saved = saved_recipe(run_dir) if resume and recipe is None else None
     if resume and recipe is None and saved is None:
@@ -228,7 +226,6 @@ def train(
     finally:
         display.close()
         stop.restore()
-        torch.set_num_threads(previous_threads)  # in-process callers (tests, notebooks) keep their setting
     best = ""
     if result.best_value is not None:
         metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"

@@ -6,6 +6,8 @@ import sys
 
 import typer
 
+from tfm_cli.commands.options import apply_threads, device_option, threads_option
+
 from tfm_cli.console import print_info, print_warning, stderr_console
 from tfm_cli.errors import TfmError
 
@@ -38,6 +40,7 @@ def count_lines(path: str) -> int | None:
 
 
 def translate(
+    ctx: typer.Context,
     model: str = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside."),
     input: str = typer.Option("-", "-i", "--input", help="Raw source text, one sentence per line; `-` = stdin."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
@@ -60,8 +63,8 @@ def translate(
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
     batch_size: int = typer.Option(128, "--batch-size", help="Sentences per batch."),
-    device: str = typer.Option("auto", "--device", help="Torch device: auto (cuda if available), cpu, cuda, cuda:1, mps."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch's default)."),
+    device: str = device_option(),
+    threads: int = threads_option(),
     progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
@@ -70,7 +73,6 @@ def translate(
     Scores are natural-log probabilities summed over the output tokens with EOS counted, divided by
     ((5 + n) / 6) ** alpha, n = tokens + 1: the same number `tfm score -m --normalize length` prints.
     """
-    import torch
 
     from tfm_cli.allocator import keep_freed_memory
     from tfm_cli.checkpoint import load_model
@@ -86,8 +88,7 @@ def translate(
     )
 
     keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
-    if threads > 0:
-        torch.set_num_threads(threads)
+    apply_threads(ctx, threads)
     if input != "-":
         check_input_file(input)
     decode = DecodeConfig(

@@ -1,0 +1,36 @@
+"""Options several commands share, defined once: --device and --threads, and how --threads is applied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from tfm_cli.errors import TfmError
+
+
+def device_option(scope: str = "") -> Any:
+    """The --device option (`scope` prefixes its help, e.g. "With -m: ")."""
+    return typer.Option("auto", "--device", help=f"{scope}Torch device: auto (CUDA if available), cpu, cuda or cuda:N.")
+
+
+def threads_option(scope: str = "") -> Any:
+    """The --threads option (`scope` prefixes its help)."""
+    return typer.Option(0, "--threads", help=f"{scope}CPU threads for torch (0 = torch's default).")
+
+
+def apply_threads(ctx: typer.Context, threads: int) -> None:
+    """Run the current command with `threads` torch CPU threads (0 = leave torch's setting).
+
+    The previous setting comes back when the command's context `ctx` closes (when the command
+    ends), so in-process callers (tests, notebooks) keep theirs. Raises TfmError for a negative count.
+    """
+    import torch
+
+    if threads < 0:
+        raise TfmError(f"--threads must be >= 0, got {threads}")
+    if threads == 0:
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    ctx.call_on_close(lambda: torch.set_num_threads(previous))
