@@ -140,24 +140,32 @@ def remove_stale_temp_files(folder: Path, target_names: str) -> list[Path]:
     return stale
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
+@contextlib.contextmanager
+def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
+    """A new file (text: UTF-8 with \\n newlines; else binary) that replaces `path` when the block ends.
 
-    A crash at any moment leaves either the old file or the new one, never a partial file.
+    Written to a temp file in the same folder, fsynced, then renamed onto `path`: a crash at any
+    moment leaves either the old file or the new one, never a partial file. If the block raises
+    (bad input, Ctrl-C), the temp file is removed and `path` is left as it was.
     """
-    path = Path(path)
     fd, tmp_name = temp_file_beside(path)
     try:
-        with os.fdopen(fd, "wb") as tmp:
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
+        with io.open(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
     fsync_directory(path.parent if str(path.parent) else Path("."))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (see atomic_file)."""
+    with atomic_file(Path(path)) as stream:
+        stream.write(data)
 
 
 @contextlib.contextmanager
@@ -173,14 +181,5 @@ def open_output(path: str) -> Iterator[IO[str]]:
     target = Path(path)
     if target.is_dir():
         raise TfmError(f"{target}: is a directory, expected an output file path")
-    fd, tmp_name = temp_file_beside(target)
-    try:
-        with io.open(fd, "w", encoding="utf-8", newline="\n") as stream:
-            yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
+    with atomic_file(target, text=True) as stream:
+        yield stream
