@@ -83,7 +83,7 @@ def test_run_last_n_and_provenance(tmp_path, tokenizer):
     assert too_many.exit_code == 1 and "only 4" in too_many.stderr
 
 
-def test_incompatible_checkpoints_are_refused_naming_the_difference(tmp_path, tokenizer, multi30k_dir):
+def test_incompatible_checkpoints_are_refused_naming_the_difference(tmp_path, tokenizer, synthetic):
     make_checkpoint(tmp_path / "a.safetensors", tokenizer)
     make_checkpoint(tmp_path / "wide.safetensors", tokenizer, d_ff=128)
     result = run_cli(["average", tmp_path / "a.safetensors", tmp_path / "wide.safetensors", "-o", tmp_path / "x.safetensors"])
@@ -93,8 +93,10 @@ def test_incompatible_checkpoints_are_refused_naming_the_difference(tmp_path, to
 
     from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
+    # The same text and size as small_spm, another model type: other pieces, another tokenizer.
     other_spm = train_sentencepiece(
-        [multi30k_dir / "val.de", multi30k_dir / "val.en"], tmp_path / "other", TokenizerTrainConfig(vocab_size=500, model_type="bpe")
+        [synthetic["train.src"], synthetic["train.tgt"]], tmp_path / "other",
+        TokenizerTrainConfig(vocab_size=tokenizer.vocab_size, model_type="bpe"),
     )
     make_checkpoint(tmp_path / "bpe.safetensors", Tokenizer.from_file(other_spm))
     result = run_cli(["average", tmp_path / "a.safetensors", tmp_path / "bpe.safetensors", "-o", tmp_path / "x.safetensors"])

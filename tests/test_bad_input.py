@@ -304,10 +304,10 @@ def test_a_sentencepiece_model_given_as_the_checkpoint_says_what_to_pass(command
 
 
 def small_parallel(folder: Path) -> tuple[Path, Path]:
-    """Five short German/English pairs as validation data (so a failing start fails fast)."""
-    src, tgt = folder / "valid.de", folder / "valid.en"
-    src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\nEine Frau.\nKinder spielen.\n", encoding="utf-8")
-    tgt.write_text("A dog.\nTwo cats.\nA man.\nA woman.\nChildren play.\n", encoding="utf-8")
+    """Five short synthetic pairs (small_spm's languages) as validation data (so a failing start fails fast)."""
+    src, tgt = folder / "valid.src", folder / "valid.tgt"
+    src.write_text("the dog sees my cat\nthe two cats\nmy man\nthe woman\nthe children\n", encoding="utf-8")
+    tgt.write_text("la hundo mia kato vidas\nla katoj du\nmia viro\nla virino\nla infanoj\n", encoding="utf-8")
     return src, tgt
 
 

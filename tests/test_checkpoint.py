@@ -51,7 +51,7 @@ def test_round_trip_is_bit_exact_and_self_contained(saved, tokenizer):
     assert loaded.config == model.config
     assert loaded.provenance == {"step": 7}
     assert loaded.src_tokenizer.model_bytes == tokenizer.model_bytes
-    assert loaded.tgt_tokenizer.encode_ids("Ein Hund") == tokenizer.encode_ids("Ein Hund")
+    assert loaded.tgt_tokenizer.encode_ids("the dog sees my cat") == tokenizer.encode_ids("the dog sees my cat")
     src = torch.tensor([[5, 6, 7, 3]])
     tgt = torch.tensor([[2, 8, 9]])
     with packed_weights(model.eval()), torch.no_grad():  # a loaded model runs on packed weights
@@ -90,7 +90,7 @@ def test_write_is_atomic_no_temp_files_left(saved, tmp_path):
 
 def tokenize_with(path: Path):
     """Any command that loads a checkpoint; tokenize encode reads its embedded tokenizer."""
-    return run_cli(["tokenize", "encode", "-m", path], input="Ein Hund\n")
+    return run_cli(["tokenize", "encode", "-m", path], input="the dog sees my cat\n")
 
 
 def assert_one_clear_error(result, *fragments):
@@ -107,7 +107,7 @@ def test_good_checkpoint_works_through_the_cli(saved, tokenizer):
     path, _ = saved
     result = tokenize_with(path)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == " ".join(tokenizer.encode_pieces("Ein Hund")) + "\n"
+    assert result.stdout == " ".join(tokenizer.encode_pieces("the dog sees my cat")) + "\n"
 
 
 def test_missing_file(tmp_path):
@@ -210,21 +210,23 @@ def test_header_length_larger_than_file(tmp_path):
     assert_one_clear_error(tokenize_with(bad), "not a safetensors file")
 
 
-def test_separate_target_tokenizer_is_kept(saved, tmp_path, tokenizer, multi30k_dir):
+def test_separate_target_tokenizer_is_kept(saved, tmp_path, tokenizer, synthetic):
     from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
+    # A target-only model (the synthetic target side), smaller than the joint one.
     other = Tokenizer.from_file(
-        train_sentencepiece([multi30k_dir / "val.en"], tmp_path / "en", TokenizerTrainConfig(vocab_size=300))
+        train_sentencepiece([synthetic["train.tgt"]], tmp_path / "tgt", TokenizerTrainConfig(vocab_size=100))
     )
     checkpoint = Checkpoint(
-        tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=300),
+        tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=100),
         {}, tokenizer.model_bytes, other.model_bytes,
     )
     checkpoint.weights = model_weights(Transformer(checkpoint.config))
     path = tmp_path / "two.safetensors"
     path.write_bytes(encode_checkpoint(checkpoint))
     loaded = load_model(path)
-    assert loaded.tgt_tokenizer.vocab_size == 300 and loaded.src_tokenizer.vocab_size == tokenizer.vocab_size
+    assert loaded.tgt_tokenizer.vocab_size == 100 and loaded.src_tokenizer.vocab_size == tokenizer.vocab_size
+    assert loaded.tgt_tokenizer.model_bytes == other.model_bytes != tokenizer.model_bytes
 
 
 def test_checkpoint_gets_normal_file_permissions(saved):

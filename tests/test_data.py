@@ -44,28 +44,28 @@ def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
 
 def test_filtering_counts_empty_and_too_long_pairs(tmp_path, small_spm):
     tokenizer = Tokenizer.from_file(small_spm)
-    long_line = "Ein Mann " * 40
-    (tmp_path / "s").write_text(f"Ein Hund.\n\nZwei Katzen.\n{long_line}\nEin Baum.\n", encoding="utf-8")
-    (tmp_path / "t").write_text("A dog.\nNothing.\n   \nA man.\nA tree.\n", encoding="utf-8")
+    long_line = "the man " * 40
+    (tmp_path / "s").write_text(f"the dog sees my cat\n\nthe two cats\n{long_line}\nmy tree\n", encoding="utf-8")
+    (tmp_path / "t").write_text("la hundo mia kato vidas\nnenio\n   \nla viro\nmia arbo\n", encoding="utf-8")
     text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
     corpus = tokenize_parallel(text, tokenizer, tokenizer, max_length=20)
     assert corpus.stats == FilterStats(read=5, kept=2, empty=2, too_long=1)
     assert corpus.line_numbers.tolist() == [0, 4]
     first = corpus.src_tokens[corpus.src_offsets[0] : corpus.src_offsets[1]].tolist()
-    assert first == tokenizer.encode_ids("Ein Hund.") + [EOS_ID]
+    assert first == tokenizer.encode_ids("the dog sees my cat") + [EOS_ID]
 
 
 def test_tokenized_cache_is_reused_and_keyed_by_content(tmp_path, small_spm):
     tokenizer = Tokenizer.from_file(small_spm)
-    (tmp_path / "s").write_text("Ein Hund.\nEine Katze.\n", encoding="utf-8")
-    (tmp_path / "t").write_text("A dog.\nA cat.\n", encoding="utf-8")
+    (tmp_path / "s").write_text("the dog\nmy cat\n", encoding="utf-8")
+    (tmp_path / "t").write_text("la hundo\nmia kato\n", encoding="utf-8")
     cache = tmp_path / "cache"
     text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
     first, cached_first = load_or_tokenize(text, tokenizer, tokenizer, 64, cache, "train")
     second, cached_second = load_or_tokenize(text, tokenizer, tokenizer, 64, cache, "train")
     assert (cached_first, cached_second) == (False, True)
     assert torch.equal(first.src_tokens, second.src_tokens) and torch.equal(first.tgt_offsets, second.tgt_offsets)
-    (tmp_path / "t").write_text("A dog.\nA small cat.\n", encoding="utf-8")
+    (tmp_path / "t").write_text("la hundo\nmia kato malgranda\n", encoding="utf-8")
     changed = read_parallel(tmp_path / "s", tmp_path / "t", "test")
     third, cached_third = load_or_tokenize(changed, tokenizer, tokenizer, 64, cache, "train")
     assert not cached_third

@@ -18,8 +18,10 @@ from conftest import run_cli
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from tfm_cli.checkpoint import load_model
 
-SOURCE = "Ein Mann fährt Fahrrad auf der Straße ."
-TARGET = "A man rides a bicycle on the street ."
+# A synthetic pair (tfm_cli/synthetic.py) in the small_spm tokenizer's languages. Most of its words are
+# several pieces ("▁s i x", "▁rivero j") and "old" is a bare "▁" plus "old": real word merging.
+SOURCE = "this three old birds opens your six rivers"
+TARGET = "ĉi birdoj maljunaj tri via riveroj ses malfermas"
 
 # The seed document's figures (shared/seed/README.md), copied from the document, not from a tfm run.
 DOC_Q = [["0.520", "0.225", "0.125"], ["0.550", "0.780", "1.550"], ["0.275", "1.125", "0.450"], ["1.550", "0.050", "2.450"]]
@@ -109,6 +111,8 @@ def test_word_level_matrix_sums_source_pieces_and_averages_target_pieces(random_
     pieces = inspect_json(random_checkpoint)
     words = inspect_json(random_checkpoint, "--words")
     assert words["columns"] == SOURCE.split() + ["</s>"] and words["rows"] == TARGET.split() + ["</s>"]
+    # Both sides have words of several pieces, so the merge really sums and averages something.
+    assert len(pieces["columns"]) > len(words["columns"]) and len(pieces["rows"]) > len(words["rows"])
 
     def groups(labels: list[str]) -> list[list[int]]:
         # Recomputed here from the piece labels: a '▁' starts a word, a bare '▁' joins the next piece.
@@ -156,18 +160,18 @@ def test_pharaoh_is_the_argmax_of_the_word_matrix_without_eos(random_checkpoint)
 
 def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpoint, tmp_path):
     sources, targets = tmp_path / "src", tmp_path / "tgt"
-    sources.write_text(f"{SOURCE}\nEin Hund .\n\n", encoding="utf-8")
-    targets.write_text(f"{TARGET}\nA dog .\nA cat .\n", encoding="utf-8")
+    sources.write_text(f"{SOURCE}\nthe dog sees my cat\n\n", encoding="utf-8")
+    targets.write_text(f"{TARGET}\nla hundo mia kato vidas\nla kato\n", encoding="utf-8")
     result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", targets,
                       "--words", "--format", "pharaoh"])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.split("\n")
     assert len(lines) == 4 and lines[3] == ""
-    assert len(lines[1].split()) == 3 and lines[2] == ""  # an empty source has no word to align to
+    assert len(lines[1].split()) == 5 and lines[2] == ""  # an empty source has no word to align to
     assert all(re.fullmatch(r"(\d+-\d+ ?)*", line) for line in lines)
     for lines_in_target, message in ((4, "more lines than the input (3)"), (2, "has 2 lines, fewer")):
         wrong = tmp_path / "wrong"
-        wrong.write_text("A dog .\n" * lines_in_target, encoding="utf-8")
+        wrong.write_text("la hundo\n" * lines_in_target, encoding="utf-8")
         result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", wrong,
                           "--words", "--format", "pharaoh"])
         assert result.exit_code == 1 and message in result.stderr, result.stderr
@@ -190,12 +194,12 @@ def test_intersection_with_a_reverse_model(random_checkpoint):
 
 
 def test_heatmap_on_stdout_and_translation_on_stderr(random_checkpoint):
-    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--words", "--beam", "2"], input="Ein Hund .\n")
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--words", "--beam", "2"], input="the dog sees my cat\n")
     assert result.exit_code == 0, result.stderr
     assert "translation:" in result.stderr and "translation" not in result.stdout
     assert "cross-attention, layer -1, head mean, words" in result.stdout
     header = result.stdout.splitlines()[2].split()
-    assert header == ["Ein", "Hund", ".", "</s>"]
+    assert header == ["the", "dog", "sees", "my", "cat", "</s>"]
     assert "\x1b[" not in result.stdout  # piped: no colour codes
 
 
@@ -301,7 +305,7 @@ def test_output_file_holds_what_stdout_would(random_checkpoint, tmp_path, output
 
 def test_output_file_is_not_left_half_written(random_checkpoint, tmp_path):
     sources, targets = tmp_path / "src", tmp_path / "tgt"
-    sources.write_text(f"{SOURCE}\nEin Hund .\n", encoding="utf-8")
+    sources.write_text(f"{SOURCE}\nthe dog sees my cat\n", encoding="utf-8")
     targets.write_text(f"{TARGET}\n", encoding="utf-8")  # one line short: an error after the first sentence
     output = tmp_path / "out" / "test.align"
     output.parent.mkdir()
@@ -340,7 +344,7 @@ def test_model_is_required_without_the_seed_example():
 
 def test_pharaoh_equals_translate_alignment_for_the_same_output(random_checkpoint, tmp_path):
     sources = tmp_path / "src"
-    sources.write_text(f"{SOURCE}\nEin Hund rennt .\n", encoding="utf-8")
+    sources.write_text(f"{SOURCE}\nthe dog follows the two cats\n", encoding="utf-8")
     translated = run_cli(["translate", "-m", random_checkpoint, "-i", sources, "--beam", "1", "--alignment"])
     assert translated.exit_code == 0, translated.stderr
     inspected = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--beam", "1", "--words",

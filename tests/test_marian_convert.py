@@ -67,7 +67,7 @@ def test_marian_without_tfm_positions_differs(small_spm, tmp_path):
     assert convert.max_logit_difference(checkpoint, plain) > 1e-2
 
 
-def test_greedy_outputs_agree_across_tfm_marian_and_ctranslate2(small_spm, tmp_path, multi30k_dir):
+def test_greedy_outputs_agree_across_tfm_marian_and_ctranslate2(small_spm, tmp_path, synthetic):
     import ctranslate2
 
     from tfm_cli.checkpoint import build_model
@@ -76,7 +76,7 @@ def test_greedy_outputs_agree_across_tfm_marian_and_ctranslate2(small_spm, tmp_p
     marian = convert.save_marian(checkpoint, tmp_path / "marian")
     convert.convert_to_ctranslate2(tmp_path / "marian", tmp_path / "ct2", None)
     tokenizer = Tokenizer(checkpoint.src_tokenizer_bytes)
-    lines = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()[:8]
+    lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[:8]
     rows = [tokenizer.encode_ids(line) + [checkpoint.config.eos_id] for line in lines]
     width = max(map(len, rows))
     src = torch.tensor([row + [0] * (width - len(row)) for row in rows])

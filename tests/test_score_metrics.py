@@ -11,12 +11,16 @@ from conftest import run_cli
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, multi30k_dir):
-    """200 real reference lines, a second reference, and a degraded 'system output' (Cased differently)."""
+def corpus(tmp_path_factory, synthetic):
+    """200 reference lines, a second reference, and a degraded 'system output' (Cased differently).
+
+    The references are the synthetic test sources written as sentences: capitalised, ending in " .".
+    """
     folder = tmp_path_factory.mktemp("score")
-    refs = (multi30k_dir / "val.en").read_text(encoding="utf-8").splitlines()[:200]
-    # A second reference: the first with articles swapped; hypotheses: words dropped and case changed.
-    ref2 = [line.replace(" a ", " the ").replace("A ", "The ") for line in refs]
+    refs = [f"{line[0].upper()}{line[1:]} ." for line in synthetic["test.src"].read_text(encoding="utf-8").splitlines()]
+    assert len(refs) == 200
+    # A second reference: the first with determiners swapped; hypotheses: words dropped and case changed.
+    ref2 = [line.replace(" the ", " my ").replace("The ", "My ") for line in refs]
     hyps = []
     for i, line in enumerate(refs):
         words = line.split()

@@ -16,14 +16,14 @@ from tfm_cli.special_ids import BOS_ID, EOS_ID
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory, multi30k_dir):
-    """12 real sentence pairs (plus an empty target and an empty source) as two files."""
+def pairs(tmp_path_factory, synthetic):
+    """12 synthetic sentence pairs of varied lengths (plus an empty target and an empty source) as two files."""
     folder = tmp_path_factory.mktemp("score_model")
-    src = (multi30k_dir / "val.de").read_text(encoding="utf-8").splitlines()[:12] + ["Ein Hund .", ""]
-    tgt = (multi30k_dir / "val.en").read_text(encoding="utf-8").splitlines()[:12] + ["", "A dog ."]
-    (folder / "src.de").write_text("\n".join(src) + "\n", encoding="utf-8")
-    (folder / "tgt.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-    return folder / "src.de", folder / "tgt.en", src, tgt
+    src = synthetic["valid.src"].read_text(encoding="utf-8").splitlines()[:12] + ["the dog sees my cat", ""]
+    tgt = synthetic["valid.tgt"].read_text(encoding="utf-8").splitlines()[:12] + ["", "la hundo mia kato vidas"]
+    (folder / "src.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (folder / "tgt.txt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return folder / "src.txt", folder / "tgt.txt", src, tgt
 
 
 def direct_log_probs(loaded, src_text: str, tgt_text: str) -> torch.Tensor:
@@ -122,8 +122,8 @@ def test_token_log_probs_are_zero_at_padding(random_checkpoint):
 
 def test_mismatched_source_and_target_counts(random_checkpoint, pairs, tmp_path):
     src_path, _, src, _ = pairs
-    short = tmp_path / "short.en"
-    short.write_text("A dog .\n", encoding="utf-8")
+    short = tmp_path / "short.txt"
+    short.write_text("la hundo\n", encoding="utf-8")
     result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short])
     assert result.exit_code == 1
     assert f"{short} has 1 lines" in result.stderr and f"has {len(src)}" in result.stderr

@@ -1,4 +1,4 @@
-"""`tfm tokenize` through the CLI on real text: train, encode, decode round trip, bad input."""
+"""`tfm tokenize` through the CLI on the synthetic corpus and inline text: train, encode, decode round trip, bad input."""
 
 from __future__ import annotations
 
@@ -6,20 +6,27 @@ from pathlib import Path
 
 from conftest import run_cli, run_tfm_process
 
+# Characters the synthetic training text never has (capitals, umlauts, punctuation, CJK, emoji):
+# only byte fallback brings them back from ids.
+UNSEEN_TEXT = "Ein Mann fährt Fahrrad auf der Straße.\n\"Zwei\" Hunde — 犬 🐕, ½ Preis!\n\n  the  dog\tsees\n"
 
-def test_train_encode_decode_round_trip_on_multi30k(tmp_path, multi30k_dir):
+
+def test_train_encode_decode_round_trip(tmp_path, synthetic):
     prefix = tmp_path / "spm"
-    result = run_cli(["tokenize", "train", multi30k_dir / "val.de", multi30k_dir / "val.en",
-                      "-o", prefix, "--vocab-size", "800", "--byte-fallback"])
+    # 256 byte pieces + 4 special ids + 190 learnt pieces (the synthetic text supports at most ~230).
+    result = run_cli(["tokenize", "train", synthetic["train.src"], synthetic["train.tgt"],
+                      "-o", prefix, "--vocab-size", "450", "--byte-fallback"])
     assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
-    assert "800 pieces" in result.stderr
+    assert "450 pieces" in result.stderr
     assert (tmp_path / "spm.model").is_file() and (tmp_path / "spm.vocab").is_file()
     model = tmp_path / "spm.model"
-    for name in ("test_2016_flickr.de", "test_2016_flickr.en"):
-        original = (multi30k_dir / name).read_text(encoding="utf-8")
+    unseen = tmp_path / "unseen.txt"
+    unseen.write_text(UNSEEN_TEXT, encoding="utf-8")
+    for path in (synthetic["test.src"], synthetic["test.tgt"], unseen):
+        original = path.read_text(encoding="utf-8")
         for extra in ([], ["--ids"]):
-            encoded = run_cli(["tokenize", "encode", "-m", model, "-i", multi30k_dir / name, *extra])
+            encoded = run_cli(["tokenize", "encode", "-m", model, "-i", path, *extra])
             assert encoded.exit_code == 0, encoded.stderr
             assert encoded.stdout.count("\n") == original.count("\n")
             decoded = run_cli(["tokenize", "decode", "-m", model, *extra], input=encoded.stdout)
@@ -47,9 +54,9 @@ def test_crlf_input_gives_lf_lines(small_spm):
     assert encoded.stdout.count("\n") == 2 and "\r" not in encoded.stdout
 
 
-def test_user_symbol_stays_one_piece(tmp_path, multi30k_dir):
-    result = run_cli(["tokenize", "train", multi30k_dir / "val.en", "-o", tmp_path / "s",
-                      "--vocab-size", "300", "--user-symbol", "<sep>", "--model-type", "bpe"])
+def test_user_symbol_stays_one_piece(tmp_path, synthetic):
+    result = run_cli(["tokenize", "train", synthetic["train.src"], "-o", tmp_path / "s",
+                      "--vocab-size", "100", "--user-symbol", "<sep>", "--model-type", "bpe"])
     assert result.exit_code == 0, result.stderr
     encoded = run_cli(["tokenize", "encode", "-m", tmp_path / "s.model"], input="a<sep>b\n")
     assert "<sep>" in encoded.stdout.split()
@@ -108,22 +115,22 @@ def test_ten_thousand_lines_through_a_pipe(small_spm):
     assert result.stdout.count(b"\n") == 10000
 
 
-def test_training_twice_gives_the_same_bytes_and_sentencepieces_own_vocab_file(tmp_path, multi30k_dir):
+def test_training_twice_gives_the_same_bytes_and_sentencepieces_own_vocab_file(tmp_path, synthetic):
     import os
 
     import sentencepiece as spm
 
     from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
-    source = multi30k_dir / "val.de"
-    config = TokenizerTrainConfig(vocab_size=300)
+    source = synthetic["train.tgt"]
+    config = TokenizerTrainConfig(vocab_size=100)
     first = train_sentencepiece([source], tmp_path / "a" / "spm", config)
     second = train_sentencepiece([source], tmp_path / "b" / "spm", config)
     assert first.read_bytes() == second.read_bytes()  # no output or temp path recorded in the model
     assert str(tmp_path).encode() not in first.read_bytes() and b".spm-" not in first.read_bytes()
     # The reference: sentencepiece saving its own model and .vocab under a prefix, with tfm's settings.
     spm.SentencePieceTrainer.train(
-        input=str(source), model_prefix=str(tmp_path / "reference"), vocab_size=300, model_type="unigram",
+        input=str(source), model_prefix=str(tmp_path / "reference"), vocab_size=100, model_type="unigram",
         character_coverage=1.0, byte_fallback=False, normalization_rule_name="identity",
         remove_extra_whitespaces=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
         num_threads=max(1, min(os.cpu_count() or 1, 16)), minloglevel=2,

@@ -34,7 +34,7 @@ def test_each_line_is_answered_while_stdin_stays_open():
     )
     try:
         answers = []
-        for sentence in ["Ein Hund rennt.", "Zwei Männer sitzen auf einer Bank."]:
+        for sentence in ["the dog sees my cat", "the three happy women carries that blue boat"]:
             process.stdin.write(sentence.encode() + b"\n")
             process.stdin.flush()
             # The default chunk is 2000 lines: only the input pause can make this answer come.
@@ -51,8 +51,8 @@ def test_each_line_is_answered_while_stdin_stays_open():
 
 def test_head_1_ends_the_pipeline_quietly(tmp_path):
     model = trained_checkpoint()
-    source = tmp_path / "src.de"
-    source.write_text("Ein Hund rennt.\n" * 300, encoding="utf-8")
+    source = tmp_path / "src.txt"
+    source.write_text("the dog sees my cat\n" * 300, encoding="utf-8")
     command = (
         f"{sys.executable} -m tfm_cli translate -m {model} -i {source} --beam 1 --buffer-size 50 --threads 1 "
         "| head -1"

@@ -1,7 +1,9 @@
-"""A briefly trained tiny de->en model for the translate/search tests (outputs vary and end with EOS).
+"""A briefly trained small model for the translate/search tests (outputs vary and end with EOS).
 
-Trained here with a minimal teacher-forced loop (not `tfm train`), so these tests do not depend on
-the training code; cached per test process so every test module shares one model.
+It translates the synthetic language pair (tfm_cli/synthetic.py, English-like -> verb-final
+"Verbish"), trained here with a minimal teacher-forced loop (not `tfm train`), so these tests depend
+neither on the training code nor on data outside the repository; cached per test process so every
+test module shares one model. Its corpus's held-out test sentences are `held_out_sources()`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import MULTI30K_DIR, tiny_config
+from conftest import tiny_config, train_joint_spm, write_synthetic_corpus
 
 TRAIN_STEPS = 150
 BATCH_SENTENCES = 48
@@ -23,19 +25,21 @@ BATCH_SENTENCES = 48
 
 @functools.lru_cache(maxsize=1)
 def trained_checkpoint() -> Path:
-    """Train a d_model=64 model on Multi30k val (de->en) for TRAIN_STEPS steps; returns its checkpoint."""
+    """Train a d_model=64 model on the synthetic train split (2000 pairs) for TRAIN_STEPS steps; returns its checkpoint.
+
+    The corpus lies beside the checkpoint (train/valid/test .src/.tgt), its tokenizer is conftest's
+    200-piece joint model trained the same way as the small_spm fixture.
+    """
     from tfm_cli.checkpoint import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenizer import Tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix="tfm-translate-tests-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    spm_path = train_sentencepiece(
-        [MULTI30K_DIR / "val.de", MULTI30K_DIR / "val.en"], folder / "joint", TokenizerTrainConfig(vocab_size=500)
-    )
-    tokenizer = Tokenizer.from_file(spm_path)
-    src_lines = (MULTI30K_DIR / "val.de").read_text(encoding="utf-8").splitlines()
-    tgt_lines = (MULTI30K_DIR / "val.en").read_text(encoding="utf-8").splitlines()
+    corpus = write_synthetic_corpus(folder)
+    tokenizer = Tokenizer.from_file(train_joint_spm(corpus, folder / "joint"))
+    src_lines = corpus["train.src"].read_text(encoding="utf-8").splitlines()
+    tgt_lines = corpus["train.tgt"].read_text(encoding="utf-8").splitlines()
     pairs = sorted(
         zip(tokenizer.encode_ids_batch(src_lines), tokenizer.encode_ids_batch(tgt_lines)),
         key=lambda pair: len(pair[0]),
@@ -60,6 +64,11 @@ def trained_checkpoint() -> Path:
     path = folder / "model.safetensors"
     save_model(path, model.eval(), tokenizer, tokenizer, provenance={"step": TRAIN_STEPS})
     return path
+
+
+def held_out_sources() -> list[str]:
+    """The 200 source sentences of the trained model's test split (none of them seen in training)."""
+    return (trained_checkpoint().parent / "test.src").read_text(encoding="utf-8").splitlines()
 
 
 def train_steps(model, optimizer, batches, generator) -> None:
