@@ -201,3 +201,21 @@ def test_no_search_outputs_padding_or_bos_and_no_unk_bans_unk(no_unk):
     outputs += [h.tokens for samples in sample_search(model, src, sampling, [1, 2]) for h in samples]
     assert sum(map(len, outputs)) > 100  # enough tokens drawn for a banned one to show up otherwise
     assert not any(token in banned for tokens in outputs for token in tokens)
+
+
+def test_the_batch_invariance_switch_changes_the_arithmetic_not_the_results(trained):
+    # decoding.TransformerDecoder(batch_invariant=False) skips the row padding and uses torch's fused
+    # attention: faster kernels, rounding that may depend on the batch. The searches must give the
+    # same translations either way (scores equal up to float32 rounding).
+    from tfm_cli.decoding import TransformerDecoder, source_batch
+    from tfm_cli.search import search_beams
+
+    loaded, sources = trained
+    rows = sorted(sources, key=len)[:12]
+    src = source_batch([row[:-1] for row in rows], loaded.config)  # the fixture's rows end in EOS
+    config = DecodeConfig(beam_size=4, nbest=1)
+    with torch.inference_mode():
+        exact = search_beams(TransformerDecoder(loaded.model, src, batch_invariant=True), config)
+        fast = search_beams(TransformerDecoder(loaded.model, src, batch_invariant=False), config)
+    assert [h[0].tokens for h in fast] == [h[0].tokens for h in exact]
+    assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in exact], abs=1e-4)
