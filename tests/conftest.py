@@ -184,3 +184,20 @@ def letter_settings(letters: dict[str, Path], **values: object) -> list[str]:
         "tokenizer.src_model": letters["spm"], **values,
     }
     return [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
+
+
+def rewritten_checkpoint(source: Path, target: Path, metadata=None, tensors=None) -> Path:
+    """A copy of checkpoint `source` at `target`, its metadata dict and/or tensor dict edited in place
+    by the callbacks `metadata(meta)` and `tensors(weights)`; returns `target`."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as f:
+        meta = dict(f.metadata())
+        weights = {name: f.get_tensor(name) for name in f.keys()}
+    if metadata:
+        metadata(meta)
+    if tensors:
+        tensors(weights)
+    save_file(weights, str(target), metadata=meta)
+    return target

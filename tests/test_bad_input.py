@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import REPO_ROOT, run_cli, run_tfm_process
+from conftest import REPO_ROOT, rewritten_checkpoint, run_cli, run_tfm_process
 
 # One torch thread: on a shared, busy machine two OpenMP threads make tiny-model steps far slower.
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -188,19 +188,6 @@ def test_tokenize_train_refuses(content, fragment, tmp_path):
 # ---------------------------------------------------------------- bad checkpoints
 
 
-def rewritten(source: Path, target: Path, metadata=None, tensors=None) -> Path:
-    """A copy of checkpoint `source` at `target`, its metadata and/or tensors edited by the callbacks."""
-    with safe_open(str(source), framework="pt") as f:
-        meta = dict(f.metadata())
-        weights = {name: f.get_tensor(name) for name in f.keys()}
-    if metadata:
-        metadata(meta)
-    if tensors:
-        tensors(weights)
-    save_file(weights, str(target), metadata=meta)
-    return target
-
-
 def misshape(weights: dict[str, torch.Tensor]) -> None:
     """Replace one (64, 32) weight with a (3, 3) tensor."""
     weights["decoder_layers.0.ffn.linear1.weight"] = torch.zeros(3, 3)
@@ -227,9 +214,9 @@ def bad_checkpoint(case: str, folder: Path, good: Path) -> Path:
         data = good.read_bytes()
         path.write_bytes(data[: len(data) * 2 // 3])
     elif case == "misshaped_tensor":
-        rewritten(good, path, tensors=misshape)
+        rewritten_checkpoint(good, path, tensors=misshape)
     elif case == "format_version_2":
-        rewritten(good, path, metadata=lambda meta: meta.update(format_version="2"))
+        rewritten_checkpoint(good, path, metadata=lambda meta: meta.update(format_version="2"))
     elif case == "plain_safetensors":
         save_file({"weight": torch.zeros(2, 2)}, str(path))
     elif case == "pickle":

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import run_cli, tiny_config
+from conftest import rewritten_checkpoint, run_cli, tiny_config
 from tfm_cli.model.kernels import packed_weights
 from tfm_cli.checkpoint import (
     Checkpoint,
@@ -156,39 +156,24 @@ def test_plain_safetensors_is_not_a_tfm_checkpoint(tmp_path):
     assert_one_clear_error(tokenize_with(plain), "not a tfm checkpoint")
 
 
-def rewrite(path: Path, out: Path, metadata_change=None, tensor_change=None) -> Path:
-    """Copy checkpoint `path` to `out` with edited metadata and/or tensors."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        metadata = dict(f.metadata())
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    if metadata_change:
-        metadata_change(metadata)
-    if tensor_change:
-        tensor_change(tensors)
-    save_file(tensors, str(out), metadata=metadata)
-    return out
-
-
 def test_unknown_format_version(saved, tmp_path):
     path, _ = saved
-    bad = rewrite(path, tmp_path / "v99.safetensors", metadata_change=lambda m: m.update(format_version="99"))
+    bad = rewritten_checkpoint(path, tmp_path / "v99.safetensors", metadata=lambda m: m.update(format_version="99"))
     assert_one_clear_error(tokenize_with(bad), "format version '99'")
 
 
 def test_missing_extra_and_misshaped_tensors(saved, tmp_path):
     path, _ = saved
     name = "decoder_layers.1.ffn.linear2.weight"
-    missing = rewrite(path, tmp_path / "missing.safetensors", tensor_change=lambda t: t.pop(name))
+    missing = rewritten_checkpoint(path, tmp_path / "missing.safetensors", tensors=lambda t: t.pop(name))
     assert_one_clear_error(tokenize_with(missing), "lacks tensor", name)
-    extra = rewrite(path, tmp_path / "extra.safetensors", tensor_change=lambda t: t.update(bogus=torch.zeros(1)))
+    extra = rewritten_checkpoint(path, tmp_path / "extra.safetensors", tensors=lambda t: t.update(bogus=torch.zeros(1)))
     assert_one_clear_error(tokenize_with(extra), "unexpected tensor 'bogus'")
 
     def reshape(tensors):
         tensors[name] = torch.zeros(3, 3)
 
-    misshaped = rewrite(path, tmp_path / "shape.safetensors", tensor_change=reshape)
+    misshaped = rewritten_checkpoint(path, tmp_path / "shape.safetensors", tensors=reshape)
     assert_one_clear_error(tokenize_with(misshaped), "has shape (3, 3)", name)
 
 
@@ -200,7 +185,7 @@ def test_bad_config_in_metadata(saved, tmp_path):
         config["n_heads"] = 5
         metadata["model_config"] = json.dumps(config)
 
-    bad = rewrite(path, tmp_path / "config.safetensors", metadata_change=break_config)
+    bad = rewritten_checkpoint(path, tmp_path / "config.safetensors", metadata=break_config)
     assert_one_clear_error(tokenize_with(bad), "bad model config", "divisible")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli, tiny_config
+from conftest import rewritten_checkpoint, run_cli, tiny_config
 
 
 def letter_checkpoint(folder: Path, letters: dict[str, Path], normalization: str) -> Path:
@@ -42,16 +42,13 @@ def test_a_line_the_tokenizer_drops_is_an_empty_line_and_is_counted(tmp_path, le
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_model_with_non_finite_outputs_is_one_error(tmp_path, letters, value):
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
     path = letter_checkpoint(tmp_path, letters, "identity")
-    tensors = load_file(str(path))
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata()
-    name = "encoder_layers.0.ffn.linear1.weight"
-    tensors[name] = torch.full_like(tensors[name], value)  # every activation after it is non-finite
-    save_file(tensors, str(path), metadata=metadata)
+
+    def poison(weights: dict[str, torch.Tensor]) -> None:
+        name = "encoder_layers.0.ffn.linear1.weight"
+        weights[name] = torch.full_like(weights[name], value)  # every activation after it is non-finite
+
+    path = rewritten_checkpoint(path, tmp_path / "poisoned.safetensors", tensors=poison)
     result = translate(path, "a b c\nc d\n", "-o", str(tmp_path / "out.txt"))
     assert result.exit_code == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
