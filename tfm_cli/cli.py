@@ -13,10 +13,11 @@ import typer
 from tfm_cli import __version__
 from tfm_cli.commands import TfmCommand, TfmCommandGroup
 from tfm_cli.commands import average, inspect_attention, score, tokenize, train, translate
-from tfm_cli.console import print_error
+from tfm_cli.console import print_error, print_hint
 from tfm_cli.errors import TfmError
 
 EXIT_USER_ERROR = 1
+EXIT_USAGE = 2  # a command line the parser refuses (Click's convention, kept)
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # what a Unix tool killed by SIGPIPE reports: `tfm ... | head` stays quiet
 
@@ -30,8 +31,32 @@ def silence_stdout() -> None:
         pass
 
 
+# Click's error for a command line it cannot parse (a bad option value, an unknown option or
+# command, a missing option). Typer exports only its subclass BadParameter, so it is found from there.
+UsageError = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
+
+
 class TfmGroup(TfmCommandGroup):
-    """The root group: maps TfmError, Ctrl-C and a closed stdout to clean exits (no traceback)."""
+    """The root group: maps TfmError, usage errors, Ctrl-C and a closed stdout to clean exits (no traceback)."""
+
+    def main(self, *args, **kwargs):
+        """Run the CLI; a usage error is one `error:` line and a hint on stderr, exit 2 (not Click's box)."""
+        kwargs["standalone_mode"] = False  # errors come back here instead of being printed by Click
+        try:
+            result = super().main(*args, **kwargs)
+        except UsageError as error:
+            if type(error).__name__ == "NoArgsIsHelpError":  # bare `tfm` or `tfm tokenize`: the help
+                error.show()
+                sys.exit(error.exit_code)
+            print_error(" ".join(error.format_message().split()))
+            command = error.ctx.command_path if error.ctx is not None else "tfm"
+            print_hint(f"run '{command} --help' for its options and examples")
+            sys.exit(EXIT_USAGE)
+        except typer.Abort:
+            print_error("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+        # Without standalone mode, an exit (typer.Exit, --help, --version) returns its code.
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: typer.Context):
         try:

@@ -29,6 +29,11 @@ def print_warning(message: str) -> None:
     stderr_console().print(f"[yellow]warning:[/yellow] {escape(message)}", markup=True, highlight=False)
 
 
+def print_hint(message: str) -> None:
+    """Print one `hint:` line on stderr (what to do after an error)."""
+    stderr_console().print(f"[dim]hint:[/dim] {escape(message)}", markup=True, highlight=False)
+
+
 def print_info(message: str, quiet: bool = False) -> None:
     """Print one plain informational line on stderr unless quiet."""
     stderr_console(quiet=quiet).print(message, markup=False, highlight=False)
