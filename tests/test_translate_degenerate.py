@@ -55,3 +55,40 @@ def test_a_model_with_non_finite_outputs_is_one_error(tmp_path, letters, value):
     assert len(errors) == 1 and "no translation with a finite score" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_model_that_emits_newlines_still_answers_one_line_per_line(tmp_path, letters):
+    # A byte-fallback tokenizer has a piece for the newline byte, <0x0A>. This model emits only that
+    # piece: its last decoder LayerNorm outputs a constant (weight 0, bias e_0) and only the
+    # <0x0A> row of the output projection reads it. Decoded, that is a string of newlines.
+    from tfm_cli.checkpoint import save_model
+    from tfm_cli.model import Transformer
+    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+
+    settings = TokenizerTrainConfig(vocab_size=270, byte_fallback=True)
+    tokenizer = Tokenizer.from_file(train_sentencepiece([letters["train_src"]], tmp_path / "spm", settings))
+    newline = tokenizer.piece_to_id("<0x0A>")
+    torch.manual_seed(0)
+    config = tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, tie_output=False)
+    model = Transformer(config)
+    with torch.no_grad():
+        last_norm = model.decoder_layers[-1].ffn_sublayer.norm
+        last_norm.weight.zero_()
+        last_norm.bias.zero_()
+        last_norm.bias[0] = 1.0
+        model.output_proj.weight.zero_()
+        model.output_proj.weight[newline, 0] = 10.0
+    path = tmp_path / "model.safetensors"
+    save_model(path, model.eval(), tokenizer, tokenizer)
+    source = "a b c\nd e\n\nf\n"
+    for options in ([], ["--nbest", "2", "--scores", "--alignment"]):
+        result = translate(path, source, *options)
+        assert result.exit_code == 0, result.stderr
+        lines = result.stdout.split("\n")
+        assert len(lines) == 5 and lines[-1] == "", lines  # four answers, each one line
+        assert lines[2] == ""  # the blank input line stays blank
+        first = lines[0].split("\t")
+        assert first[0].strip() == "" and len(first[0]) > 0  # the newlines became spaces
+        assert len(first) == (1 if not options else 6)
+    decoded = run_cli(["tokenize", "decode", "-m", path, "--ids"], input=f"{newline} {newline}\n5\n")
+    assert decoded.exit_code == 0 and decoded.stdout.count("\n") == 2, decoded.stdout

@@ -140,6 +140,19 @@ def remove_stale_temp_files(folder: Path, target_names: str) -> list[Path]:
     return stale
 
 
+# What line readers split on (Python's str.splitlines, and so most tools that read lines): an
+# output line holding one of these would read back as several lines.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAKS_TO_SPACES = str.maketrans({char: " " for char in LINE_BREAKS})
+_BREAKS_AND_TABS_TO_SPACES = str.maketrans({char: " " for char in LINE_BREAKS + "\t"})
+
+
+def one_line(text: str, tabs: bool = False) -> str:
+    """`text` with every line-break character (LINE_BREAKS) replaced by a space, and with `tabs`,
+    every TAB too (for TAB-separated columns). Same length: character offsets stay valid."""
+    return text.translate(_BREAKS_AND_TABS_TO_SPACES if tabs else _BREAKS_TO_SPACES)
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     """A new file (text: UTF-8 with \\n newlines; else binary) that replaces `path` when the block ends.

@@ -25,6 +25,7 @@ from tfm_cli.errors import TfmError
 from tfm_cli.decoding import TransformerDecoder, padded_length, source_batch
 from tfm_cli.model import Transformer
 from tfm_cli.search import Hypothesis, search_beams, search_samples
+from tfm_cli.textio import one_line
 
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
@@ -168,7 +169,9 @@ class Translator:
         """Detokenize one hypothesis and attach its normalised score."""
         tokenizer = self.loaded.tgt_tokenizer
         return Output(
-            text=tokenizer.decode_ids(hypothesis.tokens),
+            # A model can emit a newline or TAB (byte-fallback pieces such as <0x0A>): they become
+            # spaces, so every input line gets exactly one output line with its TAB-separated columns.
+            text=one_line(tokenizer.decode_ids(hypothesis.tokens), tabs=True),
             ids=hypothesis.tokens,
             pieces=[tokenizer.id_to_piece(t) for t in hypothesis.tokens],
             raw_score=hypothesis.score,

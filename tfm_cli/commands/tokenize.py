@@ -124,14 +124,14 @@ def encode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Split raw text into pieces (or ids), line for line; empty lines stay empty."""
-    from tfm_cli.textio import iter_lines, open_output
+    from tfm_cli.textio import iter_lines, one_line, open_output
 
     tokenizer = load_tokenizer(model, side)
     interactive = input == "-"
     with open_output(output) as out:
         for line in iter_lines(input):
             tokens = tokenizer.encode_ids(line) if ids else tokenizer.encode_pieces(line)
-            out.write(" ".join(map(str, tokens)) + "\n")
+            out.write(one_line(" ".join(map(str, tokens))) + "\n")
             if interactive:
                 out.flush()
 
@@ -145,7 +145,7 @@ def decode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Join pieces (or ids) back into text, line for line: pieces invert encode exactly, ids only without <unk>."""
-    from tfm_cli.textio import iter_lines, open_output
+    from tfm_cli.textio import iter_lines, one_line, open_output
 
     tokenizer = load_tokenizer(model, side)
     name = "<stdin>" if input == "-" else input
@@ -158,7 +158,7 @@ def decode(
                 text = tokenizer.decode_ids(parse_ids(tokens, tokenizer.vocab_size, name, number))
             else:
                 text = tokenizer.decode_pieces(tokens)
-            out.write(text + "\n")
+            out.write(one_line(text) + "\n")
             if interactive:
                 out.flush()
 
