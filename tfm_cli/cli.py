@@ -5,6 +5,7 @@ Nothing here (or in tfm_cli/commands at import time) imports torch, so `tfm --he
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -20,6 +21,8 @@ EXIT_USER_ERROR = 1
 EXIT_USAGE = 2  # a command line the parser refuses (Click's convention, kept)
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # what a Unix tool killed by SIGPIPE reports: `tfm ... | head` stays quiet
+# Errors of writing the output that are the machine's state, not a bug: one line, exit 1.
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
 
 
 def silence_stdout() -> None:
@@ -70,6 +73,12 @@ class TfmGroup(TfmCommandGroup):
         except BrokenPipeError:
             silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
+        except OSError as error:
+            if error.errno not in WRITE_ERRORS:
+                raise  # anything else is a bug to see, with its traceback
+            print_error(f"{error.filename or 'output'}: {error.strerror}; nothing more was written")
+            silence_stdout()  # the interpreter's last flush of the failed stdout must not fail again
+            raise typer.Exit(EXIT_USER_ERROR) from None
 
 
 app = typer.Typer(

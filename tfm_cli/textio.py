@@ -42,8 +42,10 @@ class DecodeStats:
 
 
 def open_binary_input(path: str) -> IO[bytes]:
-    """Open `path` (or stdin for `-`) for binary reading."""
+    """Open `path` (or stdin for `-`) for binary reading; any readable file, pipe or device will do."""
     if path == STDIO:
+        if sys.stdin is None:
+            raise TfmError("stdin is closed; give the input file with -i FILE")
         return sys.stdin.buffer
     return open(check_input_file(path), "rb")
 
@@ -155,12 +157,24 @@ def one_line(text: str, tabs: bool = False) -> str:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
-    """A new file (text: UTF-8 with \\n newlines; else binary) that replaces `path` when the block ends.
+    """A file (text: UTF-8 with \\n newlines; else binary) whose new contents replace `path`'s.
 
-    Written to a temp file in the same folder, fsynced, then renamed onto `path`: a crash at any
-    moment leaves either the old file or the new one, never a partial file. If the block raises
-    (bad input, Ctrl-C), the temp file is removed and `path` is left as it was.
+    A regular file (or a path not there yet) is written to a temp file in the same folder, fsynced,
+    then renamed onto `path`: a crash at any moment leaves either the old file or the new one,
+    never a partial file, and if the block raises (bad input, Ctrl-C) the temp file is removed and
+    `path` is left as it was. A symbolic link is followed: the file it points to is replaced, the
+    link stays. A device, FIFO or socket (/dev/null, /dev/stdout, a named pipe) is written in place:
+    renaming a file onto it would replace the device itself.
     """
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.is_dir():
+        raise TfmError(f"{path}: is a directory, expected an output file path")
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8", newline="\n") if text else open(path, "wb") as stream:
+            yield stream
+        return
     fd, tmp_name = temp_file_beside(path)
     try:
         with io.open(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb") as stream:
@@ -168,9 +182,11 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(error, OSError) and error.filename is None and error.errno is not None:
+            raise OSError(error.errno, error.strerror, str(path)) from None  # say which file failed
         raise
     fsync_directory(path.parent if str(path.parent) else Path("."))
 
@@ -188,11 +204,10 @@ def open_output(path: str) -> Iterator[IO[str]]:
     If the body raises (bad input, Ctrl-C), a file output is removed rather than left half-written.
     """
     if path == STDIO:
+        if sys.stdout is None:
+            raise TfmError("stdout is closed; give an output file with -o FILE")
         yield sys.stdout
         sys.stdout.flush()
         return
-    target = Path(path)
-    if target.is_dir():
-        raise TfmError(f"{target}: is a directory, expected an output file path")
-    with atomic_file(target, text=True) as stream:
+    with atomic_file(Path(path), text=True) as stream:
         yield stream

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -32,8 +33,9 @@ def parse_head(value: str) -> int | None:
 
 
 def count_lines(path: str) -> int | None:
-    """The number of lines of a regular file (for the progress bar), None for stdin."""
-    if path == "-":
+    """The number of lines of a regular file (for the progress bar), None for stdin, a pipe or a device
+    (reading those to count would consume the input)."""
+    if path == "-" or not Path(path).is_file():
         return None
     with open(path, "rb") as f:
         return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))

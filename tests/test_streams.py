@@ -1,0 +1,110 @@
+"""Where output goes and input comes from: symlinks, devices, FIFOs, full disks, closed streams, pipes.
+
+`-o` replaces a regular file atomically, follows a symbolic link to the file it names, and writes
+devices and FIFOs in place (never renaming a file over them). A write error is one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+TEXT = "a b c\nd e\n"
+
+
+def encode(args: list, input: str = TEXT):
+    """`tfm tokenize encode -m SMALL_SPM ARGS` in-process."""
+    return run_cli(["tokenize", "encode", *args], input=input)
+
+
+def test_a_symlink_output_replaces_the_file_it_names_and_stays_a_link(tmp_path, small_spm):
+    real = tmp_path / "real.txt"
+    real.write_text("old\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    result = encode(["-m", small_spm, "-o", link])
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text().count("\n") == 2 and "old" not in real.read_text()
+
+
+def test_a_fifo_output_is_written_in_place(tmp_path, small_spm):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = encode(["-m", small_spm, "-o", fifo])
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # still the FIFO, not a regular file renamed over it
+    assert received and received[0].count(b"\n") == 2
+
+
+def test_a_device_output_is_written_in_place(tmp_path, small_spm):
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a second /dev/null
+    except PermissionError:
+        pytest.skip("making a device node needs root (CAP_MKNOD)")
+    result = encode(["-m", small_spm, "-o", device])
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_ISCHR(device.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temp file left beside it
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_a_full_disk_is_one_error_line(small_spm):
+    with open("/dev/full", "wb") as full:
+        process = subprocess.run(
+            [sys.executable, "-m", "tfm_cli", "tokenize", "encode", "-m", str(small_spm)],
+            input=TEXT.encode(), stdout=full, stderr=subprocess.PIPE, timeout=120,
+        )
+    stderr = process.stderr.decode()
+    assert process.returncode == 1
+    assert stderr.startswith("error: ") and "No space left on device" in stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+def test_a_closed_stdin_is_one_error_line(small_spm):
+    process = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" <&-'],
+        capture_output=True, timeout=120,
+    )
+    stderr = process.stderr.decode()
+    assert process.returncode == 1, stderr
+    assert stderr.strip() == "error: stdin is closed; give the input file with -i FILE"
+
+
+def test_a_closed_stdout_is_one_error_line(tmp_path, small_spm):
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    process = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" -i "{source}" >&-'],
+        capture_output=True, timeout=120,
+    )
+    stderr = process.stderr.decode()
+    assert process.returncode == 1, stderr
+    assert stderr.strip() == "error: stdout is closed; give an output file with -o FILE"
+
+
+@pytest.mark.parametrize("command", ["tokenize encode -m {spm}", "translate -m {model} -b 1 --max-len-b 3 --progress"])
+def test_a_process_substitution_is_valid_input(tmp_path, small_spm, random_checkpoint, command):
+    # `-i <(cat FILE)` is a pipe: reading it ahead (to count lines for a progress bar) would eat the input.
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    args = command.format(spm=small_spm, model=random_checkpoint)
+    process = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m tfm_cli {args} -i <(cat "{source}")'],
+        capture_output=True, timeout=120,
+    )
+    assert process.returncode == 0, process.stderr.decode()
+    assert process.stdout.decode().count("\n") == 2
