@@ -165,6 +165,49 @@ def is_sentencepiece_model(path: Path) -> bool:
     return True
 
 
+def read_metadata(path: Path, header: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
+    """The model config and provenance of a checkpoint's safetensors header, validated before any tensor is read.
+
+    Every size the config names is bounded by what the file holds: its layer counts must match the
+    layers whose tensors the header lists (so a crafted config cannot make tfm build 20,000 layers),
+    and config validation bounds the rest (model.max_positions). Raises TfmError naming the file.
+    """
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict):
+        raise TfmError(f"{path}: damaged checkpoint metadata (not a JSON object)")
+    if metadata.get("format") != FORMAT_NAME:
+        raise TfmError(f"{path}: a safetensors file, but not a tfm checkpoint (no format={FORMAT_NAME!r} metadata)")
+    version = metadata.get("format_version")
+    if version != str(FORMAT_VERSION):
+        if not isinstance(version, str):
+            raise TfmError(f"{path}: damaged checkpoint metadata (format_version is {version!r}, not a string)")
+        raise TfmError(
+            f"{path}: checkpoint format version {version!r} is not supported (this tfm reads version "
+            f"{FORMAT_VERSION}); convert it or use a matching tfm release"
+        )
+    parsed = {}
+    for key, default in (("model_config", None), ("provenance", "{}")):
+        text = metadata.get(key, default)
+        try:
+            parsed[key] = json.loads(text) if isinstance(text, str) else None
+        except json.JSONDecodeError:
+            parsed[key] = None
+        if not isinstance(parsed[key], dict):
+            raise TfmError(f"{path}: damaged checkpoint metadata ({key} is not a JSON object)")
+    try:
+        config = config_from_dict(ModelConfig, parsed["model_config"], "model")
+    except TfmError as error:
+        raise TfmError(f"{path}: bad model config in checkpoint: {error}") from None
+    for stack, count in (("encoder_layers", config.n_enc_layers), ("decoder_layers", config.n_dec_layers)):
+        present = {name.split(".")[1] for name in header if name.startswith(f"{stack}.") and name.count(".") > 1}
+        if len(present) != count:
+            raise TfmError(
+                f"{path}: bad model config in checkpoint: it names {count} {stack.replace('_', ' ')}, "
+                f"the file holds tensors for {len(present)}"
+            )
+    return config, parsed["provenance"]
+
+
 def read_checkpoint(path: Path | str) -> Checkpoint:
     """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file."""
     path = check_input_file(path, "checkpoint")
@@ -177,24 +220,7 @@ def read_checkpoint(path: Path | str) -> Checkpoint:
                 "`tfm train` writes (e.g. runs/NAME/checkpoint_best.safetensors), which has its tokenizer inside"
             ) from None
         raise
-    metadata = header.get("__metadata__") or {}
-    if metadata.get("format") != FORMAT_NAME:
-        raise TfmError(f"{path}: a safetensors file, but not a tfm checkpoint (no format={FORMAT_NAME!r} metadata)")
-    version = metadata.get("format_version")
-    if version != str(FORMAT_VERSION):
-        raise TfmError(
-            f"{path}: checkpoint format version {version!r} is not supported (this tfm reads version "
-            f"{FORMAT_VERSION}); convert it or use a matching tfm release"
-        )
-    try:
-        config_values = json.loads(metadata["model_config"])
-        provenance = json.loads(metadata.get("provenance", "{}"))
-    except (KeyError, json.JSONDecodeError):
-        raise TfmError(f"{path}: damaged checkpoint metadata (model_config or provenance is not JSON)") from None
-    try:
-        config = config_from_dict(ModelConfig, config_values, "model")
-    except TfmError as error:
-        raise TfmError(f"{path}: bad model config in checkpoint: {error}") from None
+    config, provenance = read_metadata(path, header)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:

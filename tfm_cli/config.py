@@ -22,6 +22,11 @@ ConfigT = TypeVar("ConfigT")
 
 
 
+# The sinusoidal position table is max_positions x d_model floats, built whole when a model is made:
+# this bound keeps a config (a crafted checkpoint's, say) from asking for terabytes.
+MAX_POSITIONS = 1 << 16
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The Transformer's sizes and switches (names follow the paper): what a recipe's [model] sets.
@@ -58,6 +63,10 @@ class ModelShape:
                 raise TfmError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.activation not in ("relu", "gelu"):
             raise TfmError(f"model.activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.max_positions > MAX_POSITIONS:
+            raise TfmError(f"model.max_positions must be at most {MAX_POSITIONS:,}, got {self.max_positions:,}")
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise TfmError(f"model.layer_norm_eps must be in (0, 1), got {self.layer_norm_eps}")
 
     @property
     def head_dim(self) -> int:
