@@ -58,4 +58,4 @@ def test_unusable_device_is_one_clear_line(command, random_checkpoint, tmp_path)
     result = run_cli([*args, "--device", "banana"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "--device banana: not usable here" in result.stderr and "Traceback" not in result.stderr
+    assert "--device banana: tfm runs on cpu or cuda" in result.stderr and "Traceback" not in result.stderr

@@ -324,7 +324,7 @@ def test_output_file_is_not_left_half_written(random_checkpoint, tmp_path):
         (["--kind", "encoder", "--layer", "-3"], "--layer -3 does not exist: the model has 2 encoder layers"),
         (["--head", "4"], "--head 4 does not exist: the model has 4 heads"),
         (["--walkthrough", "--head", "-5"], "--head -5 does not exist"),
-        (["--head", "all"], "--head must be a head index or `mean`"),
+        (["--head", "all"], "--head must be a head number or 'mean'"),
         (["--kind", "self"], "--kind must be one of"),
         (["--format", "pharaoh", "--kind", "encoder"], "--format pharaoh needs --kind cross"),
         (["--format", "svg"], "--format must be one of"),

@@ -136,7 +136,7 @@ def test_target_on_stdin_and_bad_normalize(random_checkpoint, pairs):
     bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--normalize", "avg"])
     assert bad.exit_code == 1 and "--normalize must be one of" in bad.stderr
     bad = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", tgt_path, "--device", "banana"])
-    assert bad.exit_code == 1 and "--device banana: not usable here" in bad.stderr
+    assert bad.exit_code == 1 and "--device banana: tfm runs on cpu or cuda" in bad.stderr
 
 
 def test_interactive_target_lines_are_scored_before_the_input_ends(random_checkpoint, pairs):

@@ -7,6 +7,7 @@ types are errors that name the key, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -20,6 +21,16 @@ from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 ConfigT = TypeVar("ConfigT")
 
+
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
+SEED_LIMIT = 2**63  # torch generators take seeds in [0, 2**64); one below keeps seed + line number in range
+
+
+def check_seed(seed: int, key: str) -> None:
+    """Raise TfmError unless 0 <= seed < SEED_LIMIT (what a torch.Generator accepts, with room to add to it)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise TfmError(f"{key} must be between 0 and 2**63 - 1, got {seed}")
 
 
 # The sinusoidal position table is max_positions x d_model floats, built whole when a model is made:
@@ -135,8 +146,14 @@ class DecodeConfig:
             raise TfmError(f"sampling top-k must be >= 0 (0 = no limit), got {self.sample_top_k}")
         if not 0.0 < self.sample_top_p <= 1.0:
             raise TfmError(f"sampling top-p must be in (0, 1], got {self.sample_top_p}")
-        if self.temperature <= 0:
-            raise TfmError(f"sampling temperature must be > 0, got {self.temperature}")
+        # Logits divided by a temperature near 0 overflow to inf (and the softmax to NaN).
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise TfmError(
+                f"sampling temperature must be between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, got {self.temperature}"
+            )
+        if not math.isfinite(self.length_penalty) or not math.isfinite(self.max_len_a):
+            raise TfmError("length penalty and max_len_a must be finite numbers")
+        check_seed(self.seed, "seed")
 
 
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], section: str) -> ConfigT:
@@ -253,6 +270,7 @@ class TrainConfig:
     compile: bool = False
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "train.seed")
         positive = ["max_tokens", "update_freq", "valid_every", "save_every", "log_every", "valid_beam_size"]
         for name in positive:
             if getattr(self, name) <= 0:

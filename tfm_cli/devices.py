@@ -14,6 +14,8 @@ def resolve_device(name: str) -> torch.device:
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.split(":")[0] not in ("cpu", "cuda"):
+        raise TfmError(f"--device {name}: tfm runs on cpu or cuda[:N]; use --device cpu or --device cuda")
     try:
         device = torch.device(name)
         torch.empty(0, device=device)

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any, Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, threads_option
+from tfm_cli.commands.options import apply_threads, device_option, parse_head, threads_option
 
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
@@ -63,7 +63,7 @@ def inspect_attention(
     output_format = "json" if as_json else output_format
     if output_format not in FORMATS:
         raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
-    head_index = parse_head(head)
+    head_index = parse_head(head, "--head")
     if png is not None:
         check_png(png, walkthrough)  # before any work: a missing matplotlib must not cost a translation
     if seed_example:
@@ -151,16 +151,6 @@ def import_pyplot():
     except ImportError:
         raise TfmError("--png needs matplotlib, which is not installed: pip install 'tfm-cli[plot]'") from None
     return plt
-
-
-def parse_head(head: str) -> int | None:
-    """`mean` -> None; an integer string -> that head index."""
-    if head == "mean":
-        return None
-    try:
-        return int(head)
-    except ValueError:
-        raise TfmError(f"--head must be a head index or `mean`, got {head!r}") from None
 
 
 def read_examples(

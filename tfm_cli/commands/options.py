@@ -1,4 +1,4 @@
-"""Options several commands share, defined once: --device and --threads, and how --threads is applied."""
+"""Options several commands share, defined once: --device, --threads (and how it is applied), head choices."""
 
 from __future__ import annotations
 
@@ -34,3 +34,17 @@ def apply_threads(ctx: typer.Context, threads: int) -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     ctx.call_on_close(lambda: torch.set_num_threads(previous))
+
+
+def parse_head(value: str, option: str) -> int | None:
+    """An attention-head option's value: `mean` -> None (the mean over heads), else the head index.
+
+    Raises TfmError naming `option` for anything else (int() accepts only ASCII or Unicode decimal
+    digits with an optional sign, unlike str.isdigit, which also passes superscripts such as ²).
+    """
+    if value == "mean":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise TfmError(f"{option} must be a head number or 'mean', got {value!r}") from None

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, threads_option
+from tfm_cli.commands.options import apply_threads, device_option, parse_head, threads_option
 
 from tfm_cli.console import print_info, print_warning, stderr_console
-from tfm_cli.errors import TfmError
 
 EPILOG = (
     "Examples:\n\n"
@@ -21,15 +20,6 @@ EPILOG = (
     "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
     "`tfm score -m MODEL --src SRC --tgt OUT --normalize length --length-penalty ALPHA`."
 )
-
-
-def parse_head(value: str) -> int | None:
-    """`mean` -> None (average the heads), else the head index."""
-    if value == "mean":
-        return None
-    if not value.isdigit():
-        raise TfmError(f"--align-head must be a head number or 'mean', got {value!r}")
-    return int(value)
 
 
 def count_lines(path: str) -> int | None:
@@ -100,7 +90,7 @@ def translate(
     )
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     want_alignment = alignment or as_json
-    align = AlignmentConfig(layer=align_layer, head=parse_head(align_head)) if want_alignment else None
+    align = AlignmentConfig(layer=align_layer, head=parse_head(align_head, "--align-head")) if want_alignment else None
     from tfm_cli.devices import resolve_device
 
     loaded = load_model(model, device=resolve_device(device))
