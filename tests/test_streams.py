@@ -108,3 +108,30 @@ def test_a_process_substitution_is_valid_input(tmp_path, small_spm, random_check
     )
     assert process.returncode == 0, process.stderr.decode()
     assert process.stdout.decode().count("\n") == 2
+
+
+def test_sigterm_during_translate_to_a_file_leaves_neither_output_nor_temp_file(tmp_path, random_checkpoint):
+    import signal
+    import time
+
+    source = tmp_path / "source.txt"
+    source.write_text("".join(f"sentence {i} with some words\n" for i in range(5000)), encoding="utf-8")
+    output = tmp_path / "out.txt"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfm_cli", "translate", "-m", str(random_checkpoint), "-i", str(source), "-o",
+         str(output), "-b", "1", "--max-len-a", "0", "--max-len-b", "3", "--buffer-size", "16", "--threads", "1", "-q"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.txt.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # wait until the output is being written
+        assert list(tmp_path.glob(".out.txt.*.tmp")), "translate never started writing"
+        process.send_signal(signal.SIGTERM)
+        stderr = process.communicate(timeout=120)[1].decode()
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["error: interrupted"]
+    assert [p.name for p in tmp_path.iterdir()] == ["source.txt"]  # no output, no temp file

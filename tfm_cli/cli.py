@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 
 import typer
@@ -126,6 +127,15 @@ app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 
 
+def interrupt_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM ends a command as Ctrl-C does: an output being written is removed, exit 130.
+
+    (`tfm train` installs its own handler while it trains: save, then stop.)
+    """
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     app()
