@@ -74,26 +74,18 @@ def test_a_full_disk_is_one_error_line(small_spm):
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
-def test_a_closed_stdin_is_one_error_line(small_spm):
-    process = subprocess.run(
-        ["bash", "-c", f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" <&-'],
-        capture_output=True, timeout=120,
-    )
-    stderr = process.stderr.decode()
-    assert process.returncode == 1, stderr
-    assert stderr.strip() == "error: stdin is closed; give the input file with -i FILE"
-
-
-def test_a_closed_stdout_is_one_error_line(tmp_path, small_spm):
+@pytest.mark.parametrize("redirect, message", [
+    ("<&-", "error: stdin is closed; give the input file with -i FILE"),
+    ('-i "{source}" >&-', "error: stdout is closed; give an output file with -o FILE"),
+])
+def test_a_closed_stream_is_one_error_line(tmp_path, small_spm, redirect, message):
     source = tmp_path / "in.txt"
     source.write_text(TEXT)
-    process = subprocess.run(
-        ["bash", "-c", f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" -i "{source}" >&-'],
-        capture_output=True, timeout=120,
-    )
+    command = f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" ' + redirect.format(source=source)
+    process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
     stderr = process.stderr.decode()
     assert process.returncode == 1, stderr
-    assert stderr.strip() == "error: stdout is closed; give an output file with -o FILE"
+    assert stderr.strip() == message
 
 
 @pytest.mark.parametrize("command", ["tokenize encode -m {spm}", "translate -m {model} -b 1 --max-len-b 3 --progress"])
