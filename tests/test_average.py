@@ -88,7 +88,8 @@ def test_incompatible_checkpoints_are_refused_naming_the_difference(tmp_path, to
     make_checkpoint(tmp_path / "wide.safetensors", tokenizer, d_ff=128)
     result = run_cli(["average", tmp_path / "a.safetensors", tmp_path / "wide.safetensors", "-o", tmp_path / "x.safetensors"])
     assert result.exit_code == 1
-    assert "model.d_ff is 128 in the first and 64 in the second" in result.stderr
+    wide, first = tmp_path / "wide.safetensors", tmp_path / "a.safetensors"
+    assert f"model.d_ff is 128 in {wide} but 64 in {first}" in result.stderr
     assert not (tmp_path / "x.safetensors").exists()
 
     from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece

@@ -74,3 +74,19 @@ def test_translate_refuses_them_in_one_line(tmp_path, random_checkpoint, name, e
     assert result.exit_code == 1
     assert result.stderr.count("error:") == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out.txt").exists()
+
+
+# Configs that read cleanly but do not fit the tokenizer inside the same file: refused when the model loads.
+MISMATCHED = [
+    ("eos id not the tokenizer's", set_config(eos_id=5), "model.eos_id is 5 but the source tokenizer's eos id is 3"),
+    ("pad and bos swapped", set_config(pad_id=2, bos_id=0), "model.pad_id is 2 but the source tokenizer's pad id is 0"),
+]
+
+
+@pytest.mark.parametrize("name, edit, message", MISMATCHED, ids=[case[0] for case in MISMATCHED])
+def test_a_config_that_does_not_fit_its_tokenizer_is_refused(tmp_path, random_checkpoint, name, edit, message):
+    path = crafted(random_checkpoint, tmp_path / "crafted.safetensors", edit)
+    result = run_cli(["translate", "-m", path, "-o", tmp_path / "out.txt"], input="a b\n")
+    assert result.exit_code == 1
+    assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
+    assert not (tmp_path / "out.txt").exists()

@@ -72,6 +72,33 @@ def test_tokenized_cache_is_reused_and_keyed_by_content(tmp_path, small_spm):
     assert third.tgt_tokens.numel() > first.tgt_tokens.numel()
 
 
+@pytest.mark.parametrize("damage", ["token out of range", "offsets past the end", "stats a list", "not safetensors"])
+def test_a_damaged_cache_entry_is_rebuilt_not_used(tmp_path, small_spm, damage):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tokenizer = Tokenizer.from_file(small_spm)
+    (tmp_path / "s").write_text("the dog\nmy cat\n", encoding="utf-8")
+    (tmp_path / "t").write_text("la hundo\nmia kato\n", encoding="utf-8")
+    text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
+    good, _ = load_or_tokenize(text, tokenizer, tokenizer, 64, tmp_path / "cache", "train")
+    (entry,) = (tmp_path / "cache").iterdir()
+    with safe_open(str(entry), framework="pt") as f:
+        tensors, metadata = {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata())
+    if damage == "token out of range":
+        tensors["tgt_tokens"][0] = tokenizer.vocab_size
+    elif damage == "offsets past the end":
+        tensors["src_offsets"][-1] += 5
+    elif damage == "stats a list":
+        metadata["stats"] = "[1, 2]"
+    save_file(tensors, str(entry), metadata=metadata)
+    if damage == "not safetensors":
+        entry.write_bytes(b"garbage")
+    again, cached = load_or_tokenize(text, tokenizer, tokenizer, 64, tmp_path / "cache", "train")
+    assert not cached
+    assert torch.equal(again.tgt_tokens, good.tgt_tokens) and torch.equal(again.src_offsets, good.src_offsets)
+
+
 def random_lengths(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(2, 40, (count,), generator=generator), torch.randint(2, 40, (count,), generator=generator)

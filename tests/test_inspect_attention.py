@@ -169,12 +169,25 @@ def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpo
     assert len(lines) == 4 and lines[3] == ""
     assert len(lines[1].split()) == 5 and lines[2] == ""  # an empty source has no word to align to
     assert all(re.fullmatch(r"(\d+-\d+ ?)*", line) for line in lines)
-    for lines_in_target, message in ((4, "more lines than the input (3)"), (2, "has 2 lines, fewer")):
+    for lines_in_target in (4, 2):
         wrong = tmp_path / "wrong"
         wrong.write_text("la hundo\n" * lines_in_target, encoding="utf-8")
         result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--target-file", wrong,
                           "--words", "--format", "pharaoh"])
+        message = f"--target-file has {lines_in_target} lines but the input has 3"
         assert result.exit_code == 1 and message in result.stderr, result.stderr
+        assert result.stdout == ""  # found before the first result is printed
+
+
+def test_png_with_several_sentences_is_refused_before_any_output(random_checkpoint, tmp_path):
+    sources = tmp_path / "src"
+    sources.write_text(f"{SOURCE}\nthe dog sees my cat\n", encoding="utf-8")
+    image = tmp_path / "attention.png"
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--png", image])
+    assert result.exit_code == 1
+    assert "--png saves one image" in result.stderr and "not 2" in result.stderr, result.stderr
+    assert result.stdout == "" and not image.exists()
+    assert list(tmp_path.iterdir()) == [sources]  # no image, no temp file
 
 
 def test_intersection_with_a_reverse_model(random_checkpoint):

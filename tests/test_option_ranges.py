@@ -37,3 +37,41 @@ def test_train_refuses_a_seed_torch_cannot_take(tmp_path, letters):
     assert result.exit_code == 1
     assert "train.seed must be between 0 and 2**63 - 1" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_tokenize_train_refuses_a_negative_sample_size(tmp_path, synthetic):
+    result = run_cli(["tokenize", "train", synthetic["train.src"], "-o", tmp_path / "spm", "--vocab-size", "100",
+                      "--max-sentences", "-5"])
+    assert result.exit_code == 1
+    assert result.stderr.count("error:") == 1 and "--max-sentences" in result.stderr and "got -5" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_decode_ids_are_ascii_digits(small_spm):
+    result = run_cli(["tokenize", "decode", "-m", small_spm, "--ids"], input="5 ² 7\n")
+    assert result.exit_code == 1
+    assert "<stdin>:1: '²' is not a piece id" in result.stderr and "Traceback" not in result.stderr
+
+
+def missing_bleu_tokenizer() -> str:
+    """A sacrebleu BLEU tokenizer whose extra package is not installed here (skips if all are)."""
+    from sacrebleu.metrics import BLEU
+
+    for name in ("ja-mecab", "ko-mecab"):
+        try:
+            BLEU(tokenize=name)
+        except (ImportError, RuntimeError):
+            return name
+    pytest.skip("sacrebleu's ja-mecab and ko-mecab packages are both installed")
+
+
+@pytest.mark.parametrize("sentence_level", [False, True])
+def test_score_names_the_package_a_bleu_tokenizer_needs(tmp_path, sentence_level):
+    name = missing_bleu_tokenizer()
+    reference = tmp_path / "ref.txt"
+    reference.write_text("a b c\n", encoding="utf-8")
+    result = run_cli(["score", "-r", reference, "--tokenize", name, *(["--sentence"] if sentence_level else [])],
+                     input="a b c\n")
+    assert result.exit_code == 1
+    assert result.stderr.count("error:") == 1 and f"--tokenize {name} needs a package" in result.stderr
+    assert "pip install sacrebleu[" in result.stderr and result.stdout == ""

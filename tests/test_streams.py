@@ -127,3 +127,22 @@ def test_sigterm_during_translate_to_a_file_leaves_neither_output_nor_temp_file(
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["error: interrupted"]
     assert [p.name for p in tmp_path.iterdir()] == ["source.txt"]  # no output, no temp file
+
+
+@pytest.mark.parametrize("command", [
+    "translate -m <(cat {model}) -b 1 --max-len-b 3 -i {source}",
+    "score -m <(cat {model}) --src {source} --tgt {source} --json",
+    "inspect-attention -m <(cat {model}) 'a b c' --target 'd e' --format pharaoh",
+    "tokenize encode -m <(cat {model}) -i {source}",
+    "average <(cat {model}) -o {folder}/average.safetensors",
+])
+def test_a_checkpoint_through_a_pipe_is_a_checkpoint(tmp_path, random_checkpoint, command):
+    # safetensors reads by offsets: a pipe (`-m <(ssh host cat model)`) cannot be, so tfm copies it first.
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    args = command.format(model=random_checkpoint, source=source, folder=tmp_path)
+    process = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m tfm_cli {args}'], capture_output=True, timeout=120,
+    )
+    assert process.returncode == 0, process.stderr.decode()
+    assert "Traceback" not in process.stderr.decode()

@@ -40,13 +40,14 @@ def test_a_line_the_tokenizer_drops_is_an_empty_line_and_is_counted(tmp_path, le
     assert "1 non-blank line(s) had no characters the model's tokenizer keeps" in result.stderr
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("value", [3e38, -3e38])
 def test_a_model_with_non_finite_outputs_is_one_error(tmp_path, letters, value):
     path = letter_checkpoint(tmp_path, letters, "identity")
 
     def poison(weights: dict[str, torch.Tensor]) -> None:
+        # Finite weights (the file loads), but their products overflow: every activation after them is inf or NaN.
         name = "encoder_layers.0.ffn.linear1.weight"
-        weights[name] = torch.full_like(weights[name], value)  # every activation after it is non-finite
+        weights[name] = torch.full_like(weights[name], value)
 
     path = rewritten_checkpoint(path, tmp_path / "poisoned.safetensors", tensors=poison)
     result = translate(path, "a b c\nc d\n", "-o", str(tmp_path / "out.txt"))
@@ -92,3 +93,21 @@ def test_a_model_that_emits_newlines_still_answers_one_line_per_line(tmp_path, l
         assert len(first) == (1 if not options else 6)
     decoded = run_cli(["tokenize", "decode", "-m", path, "--ids"], input=f"{newline} {newline}\n5\n")
     assert decoded.exit_code == 0 and decoded.stdout.count("\n") == 2, decoded.stdout
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_checkpoint_with_non_finite_weights_is_refused_at_load(tmp_path, letters, value):
+    path = letter_checkpoint(tmp_path, letters, "identity")
+
+    def poison(weights: dict[str, torch.Tensor]) -> None:
+        weights["decoder_layers.0.ffn.linear2.bias"][3] = value
+
+    path = rewritten_checkpoint(path, tmp_path / "poisoned.safetensors", tensors=poison)
+    text = tmp_path / "text"
+    text.write_text("a b c\n", encoding="utf-8")
+    scoring = ["score", "-m", path, "--src", text, "--tgt", text]
+    for command in (["translate", "-m", path, "-i", text], scoring, ["average", path, "-o", tmp_path / "a"]):
+        result = run_cli(command)
+        assert result.exit_code == 1, (command, result.stderr)
+        assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+        assert "'decoder_layers.0.ffn.linear2.bias' holds NaN or infinite values" in result.stderr, result.stderr

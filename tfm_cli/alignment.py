@@ -114,7 +114,7 @@ def parse_pharaoh(line: str) -> list[AlignmentPair]:
     pairs = []
     for item in line.split():
         parts = re.split(r"[-?]", item)
-        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        if len(parts) != 2 or not all(part.isascii() and part.isdigit() for part in parts):
             raise ValueError(f"not a Pharaoh alignment pair: {item!r}")
         pairs.append((int(parts[0]), int(parts[1])))
     return pairs

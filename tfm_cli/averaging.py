@@ -16,13 +16,14 @@ import torch
 
 from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file
+from tfm_cli.textio import check_input_file, check_output_path
 from tfm_cli.training.run_dir import STEP_CHECKPOINT, step_checkpoints
-
 
 
 def run_checkpoints(run_dir: Path, last: int) -> list[Path]:
     """The last `last` step checkpoints (checkpoint_NNNNNNNN.safetensors) of a `tfm train` run, oldest first."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TfmError(f"{run_dir}: is a file; --run needs a `tfm train` run folder (or give checkpoint files)")
     if not run_dir.is_dir():
         raise TfmError(f"{run_dir}: no such run folder")
     if last < 1:
@@ -60,8 +61,8 @@ def check_compatible(first_path: Path, first: Checkpoint, path: Path, other: Che
         mine, theirs = getattr(first.config, field.name), getattr(other.config, field.name)
         if mine != theirs:
             raise TfmError(
-                f"cannot average {path} with {first_path}: model.{field.name} is {theirs!r} in the first "
-                f"and {mine!r} in the second"
+                f"cannot average {path} with {first_path}: model.{field.name} is {theirs!r} in {path} "
+                f"but {mine!r} in {first_path}"
             )
     for side, mine, theirs in (("source", first.src_tokenizer_bytes, other.src_tokenizer_bytes),
                                ("target", first.tgt_tokenizer_bytes, other.tgt_tokenizer_bytes)):
@@ -122,6 +123,7 @@ def average_to_file(paths: list[Path], output: Path, on_read: Callable[[Path], N
     """Average `paths` and write the result to `output` atomically; returns the written Checkpoint."""
     if output.resolve() in {path.resolve() for path in paths}:
         raise TfmError(f"{output}: the output is also an input; choose another output path")
+    check_output_path(output)
     averaged = average_checkpoints(paths, on_read)
     write_checkpoint(output, averaged)
     return averaged

@@ -26,7 +26,7 @@ from tfm_cli.config import ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import pack_weights
-from tfm_cli.textio import atomic_write_bytes, check_input_file
+from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
 
 FORMAT_NAME = "tfm-checkpoint"
@@ -150,6 +150,13 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def is_safetensors_file(path: Path) -> bool:
+    """Whether `path` starts like a safetensors file: an 8-byte header length, then the header's '{'."""
+    with open(path, "rb") as f:
+        start = f.read(9)
+    return len(start) == 9 and start[8:9] == b"{" and int.from_bytes(start[:8], "little") <= HEADER_LIMIT
+
+
 def is_sentencepiece_model(path: Path) -> bool:
     """Whether `path` parses as a sentencepiece model (a protobuf): the usual mix-up when -m wants a checkpoint."""
     if path.stat().st_size > SENTENCEPIECE_LIMIT:
@@ -209,8 +216,21 @@ def read_metadata(path: Path, header: dict[str, Any]) -> tuple[ModelConfig, dict
 
 
 def read_checkpoint(path: Path | str) -> Checkpoint:
-    """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file."""
+    """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file.
+
+    Any readable file will do: a pipe or process substitution (`-m <(ssh host cat model)`) is first
+    copied to a temp file, since safetensors reads by size and offset.
+    """
     path = check_input_file(path, "checkpoint")
+    with as_regular_file(path) as regular:
+        try:
+            return read_regular_checkpoint(regular)
+        except TfmError as error:
+            raise TfmError(str(error).replace(str(regular), str(path))) from None  # name what the user gave
+
+
+def read_regular_checkpoint(path: Path) -> Checkpoint:
+    """read_checkpoint of a regular file."""
     try:
         header = read_header(path)
     except TfmError:
@@ -250,6 +270,10 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
             )
         if not weights[name].is_floating_point():
             raise TfmError(f"{path}: tensor {name!r} has dtype {weights[name].dtype}, expected floating point")
+        if not bool(torch.isfinite(weights[name]).all()):
+            raise TfmError(
+                f"{path}: tensor {name!r} holds NaN or infinite values (training diverged?); use an earlier checkpoint"
+            )
 
 
 def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Transformer:
@@ -276,6 +300,7 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> LoadedMo
         else Tokenizer(checkpoint.tgt_tokenizer_bytes, origin=f"{path} (target tokenizer)")
     )
     check_vocab_sizes(path, checkpoint.config, src_tokenizer, tgt_tokenizer)
+    check_special_ids(path, checkpoint.config, src_tokenizer, tgt_tokenizer)
     return LoadedModel(build_model(checkpoint, device), src_tokenizer, tgt_tokenizer, checkpoint.provenance)
 
 
@@ -286,3 +311,19 @@ def check_vocab_sizes(path: Path | str, config: ModelConfig, src: Tokenizer, tgt
             f"{path}: tokenizer vocab sizes ({src.vocab_size}, {tgt.vocab_size}) do not match the model's "
             f"({config.src_vocab_size}, {config.tgt_vocab_size})"
         )
+
+
+def check_special_ids(path: Path | str, config: ModelConfig, src: Tokenizer, tgt: Tokenizer) -> None:
+    """Raise TfmError if the model's pad/unk/bos/eos ids are not its tokenizers' own.
+
+    A model whose eos_id is not the tokenizer's EOS would never stop where the text ends.
+    """
+    for side, tokenizer in (("source", src), ("target", tgt)):
+        for name in ("pad", "unk", "bos", "eos"):
+            model_id = getattr(config, f"{name}_id")
+            tokenizer_id = getattr(tokenizer.processor, f"{name}_id")()
+            if model_id != tokenizer_id:
+                raise TfmError(
+                    f"{path}: model.{name}_id is {model_id} but the {side} tokenizer's {name} id is {tokenizer_id}; "
+                    "the checkpoint's config and tokenizer do not belong together"
+                )

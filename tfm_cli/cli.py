@@ -24,6 +24,9 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # what a Unix tool killed by SIGPIPE reports: `tfm ... | head` stays quiet
 # Errors of writing the output that are the machine's state, not a bug: one line, exit 1.
 WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
+# Errors of a path in the wrong shape that slipped past the commands' own checks (a folder that
+# vanished, a name too long): one line naming the path, exit 1.
+PATH_ERRORS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP, errno.ENXIO}
 
 
 def silence_stdout() -> None:
@@ -75,9 +78,12 @@ class TfmGroup(TfmCommandGroup):
             silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
         except OSError as error:
-            if error.errno not in WRITE_ERRORS:
+            if error.errno not in WRITE_ERRORS | PATH_ERRORS:
                 raise  # anything else is a bug to see, with its traceback
-            print_error(f"{error.filename or 'output'}: {error.strerror}; nothing more was written")
+            if error.errno in WRITE_ERRORS:
+                print_error(f"{error.filename or 'output'}: {error.strerror}; nothing more was written")
+            else:
+                print_error(f"{error.filename or 'a path'}: {error.strerror}")
             silence_stdout()  # the interpreter's last flush of the failed stdout must not fail again
             raise typer.Exit(EXIT_USER_ERROR) from None
 

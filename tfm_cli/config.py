@@ -327,6 +327,11 @@ class TokenizerTrainConfig:
             raise TfmError(f"vocab size must be at least 8, got {self.vocab_size}")
         if not 0.0 < self.character_coverage <= 1.0:
             raise TfmError(f"character coverage must be in (0, 1], got {self.character_coverage}")
+        if self.input_sentence_size < 0:
+            raise TfmError(
+                f"the sentences to sample (--max-sentences, tokenizer.input_sentence_size) must be 0 (all) "
+                f"or more, got {self.input_sentence_size}"
+            )
 
 
 @dataclass(frozen=True)

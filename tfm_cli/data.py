@@ -164,7 +164,7 @@ def load_or_tokenize(
     key = cache_key(text, src_tokenizer, tgt_tokenizer, max_length)
     path = cache_dir / f"{name}-{key[:20]}.safetensors"
     if path.is_file():
-        corpus = read_cached(path, key)
+        corpus = read_cached(path, key, src_tokenizer.vocab_size, tgt_tokenizer.vocab_size)
         if corpus is not None:
             return corpus, True
     corpus = tokenize_parallel(text, src_tokenizer, tgt_tokenizer, max_length)
@@ -181,8 +181,8 @@ def load_or_tokenize(
     return corpus, False
 
 
-def read_cached(path: Path, key: str) -> TokenizedCorpus | None:
-    """A cached corpus, or None if the file is unreadable or was written for another key."""
+def read_cached(path: Path, key: str, src_vocab_size: int, tgt_vocab_size: int) -> TokenizedCorpus | None:
+    """A cached corpus, or None if the file is unreadable, inconsistent, or was written for another key."""
     try:
         tensors = load_file(str(path))
         with open(path, "rb") as f:
@@ -191,12 +191,28 @@ def read_cached(path: Path, key: str) -> TokenizedCorpus | None:
         if metadata.get("key") != key:
             return None
         stats = FilterStats(**json.loads(metadata["stats"]))
-        return TokenizedCorpus(
+        corpus = TokenizedCorpus(
             tensors["src_tokens"], tensors["src_offsets"], tensors["tgt_tokens"], tensors["tgt_offsets"],
             tensors["line_numbers"], stats,
         )
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError):
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if corpus.line_numbers.dim() != 1:
+        return None
+    sides = ((corpus.src_tokens, corpus.src_offsets, src_vocab_size), (corpus.tgt_tokens, corpus.tgt_offsets, tgt_vocab_size))
+    return corpus if all(consistent_side(*side, len(corpus.line_numbers)) for side in sides) else None
+
+
+def consistent_side(tokens: torch.Tensor, offsets: torch.Tensor, vocab_size: int, pairs: int) -> bool:
+    """Whether one side of a cached corpus is well formed: `pairs` + 1 non-decreasing integer offsets
+    from 0 to len(tokens), and token ids in [0, vocab_size)."""
+    if tokens.dim() != 1 or offsets.dim() != 1 or tokens.is_floating_point() or offsets.is_floating_point():
+        return False
+    if len(offsets) != pairs + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(tokens):
+        return False
+    if bool((offsets[1:] < offsets[:-1]).any()):
+        return False
+    return len(tokens) == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size)
 
 
 def batch_indices(

@@ -73,7 +73,14 @@ def build_metrics(options: MetricOptions, sentence_level: bool = False) -> list[
     built = []
     for name in options.metrics:
         if name == "bleu":
-            built.append(BLEU(lowercase=options.lowercase, tokenize=options.tokenize, effective_order=sentence_level))
+            try:
+                built.append(BLEU(lowercase=options.lowercase, tokenize=options.tokenize, effective_order=sentence_level))
+            except (ImportError, RuntimeError) as error:
+                # sacrebleu's ja-mecab, ko-mecab, ... tokenizers need packages of their own; its message
+                # ends with the pip command that installs them.
+                lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+                advice = lines[-1] if lines else type(error).__name__
+                raise TfmError(f"--tokenize {options.tokenize} needs a package that is not installed: {advice}") from None
         elif name in ("chrf", "chrf++"):
             built.append(CHRF(word_order=2 if name == "chrf++" else 0, lowercase=options.lowercase))
         else:

@@ -10,6 +10,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -32,6 +33,23 @@ def check_input_file(path: str | Path, what: str = "input") -> Path:
     if not os.access(path, os.R_OK):
         raise TfmError(f"{path}: permission denied ({what})")
     return path
+
+
+@contextlib.contextmanager
+def as_regular_file(path: Path) -> Iterator[Path]:
+    """`path` itself if it is a regular file, else (a pipe, `<(cat model)`) a temp copy of all it holds.
+
+    For readers that need sizes and offsets (safetensors); the copy is removed afterwards.
+    """
+    path = Path(path)
+    if path.is_file():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="tfm-input-") as folder:
+        copy = Path(folder) / (path.name or "input")
+        with open(path, "rb") as stream, open(copy, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        yield copy
 
 
 @dataclass
@@ -111,6 +129,41 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+def check_output_folder(directory: Path, target: Path) -> None:
+    """Raise TfmError unless `directory` (where `target` is to be written) is a folder that exists.
+
+    Names the first path component that is in the way: `-o notes.txt/out` says that notes.txt is a file.
+    """
+    if directory.is_dir():
+        return
+    for ancestor in [directory, *directory.parents]:
+        if ancestor.exists() and not ancestor.is_dir():
+            raise TfmError(f"{ancestor}: is a file, not a folder; cannot write {target} under it")
+    raise TfmError(f"{directory}: output folder does not exist (for {target}); create it first")
+
+
+def check_output_path(path: Path) -> None:
+    """Raise TfmError if `path` cannot be an output file: it is a folder, or its folder is missing.
+
+    For commands that work a long time before writing: they check the output first.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise TfmError(f"{path}: is a directory, expected an output file path")
+    check_output_folder(path.parent if str(path.parent) else Path("."), path)
+
+
+def make_folder(folder: Path, what: str) -> None:
+    """Create `folder` and its parents (fine if it exists); TfmError naming the path if that cannot be done."""
+    for ancestor in [folder, *folder.parents]:
+        if ancestor.exists() and not ancestor.is_dir():
+            raise TfmError(f"{ancestor}: is a file, not a folder; cannot create the {what} {folder}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise TfmError(f"{folder}: cannot create the {what}: {error.strerror}") from None
+
+
 def temp_file_beside(target: Path) -> tuple[int, str]:
     """Create a hidden temp file in `target`'s folder: returns (fd, name), raising TfmError if no folder.
 
@@ -118,8 +171,7 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
     the umask), as if it had been opened directly.
     """
     directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise TfmError(f"{directory}: output folder does not exist")
+    check_output_folder(directory, target)
     fd, name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
@@ -195,6 +247,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically (see atomic_file)."""
     with atomic_file(Path(path)) as stream:
         stream.write(data)
+
+
+def atomic_write_pair(first: tuple[Path, bytes], second: tuple[Path, bytes]) -> None:
+    """Write two files that belong together (a .model and its .vocab) so that neither appears alone.
+
+    Both contents are written and fsynced to temp files first (a full disk fails here, before
+    anything is replaced); then the second is renamed into place and the first after it.
+    """
+    first_path, first_data = Path(first[0]), first[1]
+    with atomic_file(first_path) as first_stream:
+        first_stream.write(first_data)
+        first_stream.flush()
+        os.fsync(first_stream.fileno())  # a full disk shows here, before the second file is in place
+        atomic_write_bytes(Path(second[0]), second[1])
 
 
 @contextlib.contextmanager

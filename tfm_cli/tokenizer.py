@@ -16,7 +16,7 @@ import sentencepiece as spm
 from tfm_cli.config import TokenizerTrainConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tfm_cli.textio import atomic_write_bytes, check_input_file, iter_lines
+from tfm_cli.textio import atomic_write_pair, check_input_file, check_output_path, iter_lines, make_folder
 
 
 def train_sentencepiece(
@@ -36,7 +36,10 @@ def train_sentencepiece(
         # sentencepiece would silently drop invalid UTF-8; refuse it as encode does (file and line).
         for _ in iter_lines(str(path)):
             pass
-    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    model_path, vocab_path = Path(f"{model_prefix}.model"), Path(f"{model_prefix}.vocab")
+    make_folder(model_prefix.parent, "output folder")  # before minutes of training, not after
+    check_output_path(model_path)
+    check_output_path(vocab_path)
     # sentencepiece hands the model to a writer instead of saving it under a prefix, which it would
     # record inside the model (a temp path, making every training's bytes differ).
     model_writer = io.BytesIO()
@@ -68,9 +71,7 @@ def train_sentencepiece(
         message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
         raise TfmError(f"sentencepiece training failed: {message}") from None
     model_bytes = model_writer.getvalue()
-    model_path = Path(f"{model_prefix}.model")
-    atomic_write_bytes(model_path, model_bytes)
-    atomic_write_bytes(Path(f"{model_prefix}.vocab"), format_vocab(model_bytes).encode("utf-8"))
+    atomic_write_pair((model_path, model_bytes), (vocab_path, format_vocab(model_bytes).encode("utf-8")))
     return model_path
 
 
@@ -106,8 +107,7 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: Path) -> Tokenizer:
         """Load a `.model` file written by `tfm tokenize train`."""
-        if not path.is_file():
-            raise TfmError(f"{path}: no such sentencepiece model file")
+        check_input_file(path, "a sentencepiece .model")
         return cls(path.read_bytes(), origin=str(path))
 
     @property

@@ -82,6 +82,7 @@ def inspect_attention(
 
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
+    pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
     loaded = load_model(model, device=target_device)
     reverse = load_model(reverse_model, device=target_device) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
@@ -90,7 +91,7 @@ def inspect_attention(
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     from tfm_cli.inspection import example_view
 
-    examples = read_examples(loaded, sentence, input, target, target_file, beam, quiet)
+    examples = make_examples(loaded, pairs, beam, quiet)
     with open_output(output) as out:
         if walkthrough:
             if head_index is None:
@@ -101,8 +102,6 @@ def inspect_attention(
         count = 0
         for example in examples:
             count += 1
-            if png is not None and count > 1:
-                raise TfmError("--png saves one image: give one sentence (SENTENCE or a one-line input)")
             view = example_view(loaded, example, kind, layer, head_index, words)
             if output_format == "pharaoh":
                 write_alignment(view, reverse, example, layer, head_index, out)
@@ -153,31 +152,49 @@ def import_pyplot():
     return plt
 
 
-def read_examples(
-    loaded: LoadedModel, sentence: str | None, input: str, target: str | None, target_file: str | None,
-    beam: int, quiet: bool,
-) -> Iterator[Example]:
-    """Yield an Example per source sentence: forced targets if given, else the model's translation."""
-    from tfm_cli.inspection import make_example
-    from tfm_cli.textio import iter_lines
+def read_pairs(
+    sentence: str | None, input: str, target: str | None, target_file: str | None, one: bool
+) -> Iterator[tuple[str, str | None]]:
+    """(source, forced target or None) per sentence, checked for what can be checked before output starts.
+
+    With --target-file both files are read first, so that a line-count mismatch is an error before
+    any result is printed; `one` (for --png) likewise requires exactly one sentence up front.
+    Otherwise the input is read lazily, a line at a time, as a filter does.
+    """
+    from tfm_cli.textio import iter_lines, read_lines
 
     if target is not None and sentence is None:
         raise TfmError("--target forces the translation of one SENTENCE; for many lines use --target-file")
     if target is not None and target_file is not None:
         raise TfmError("give --target or --target-file, not both")
-    sources = iter([sentence]) if sentence is not None else iter_lines(input)
-    targets = iter([target]) if target is not None else (iter_lines(target_file) if target_file else None)
-    count = 0
-    for count, source in enumerate(sources, start=1):
-        forced = None if targets is None else next(targets, None)
-        if targets is not None and forced is None:
-            raise TfmError(f"--target-file has {count - 1} lines, fewer than the input; they must be line-parallel")
+    if sentence is not None:
+        return iter([(sentence, target)])
+    if target_file is None and not one:
+        return ((source, None) for source in iter_lines(input))
+    sources = read_lines(input)
+    if one and len(sources) != 1:
+        raise TfmError(f"--png saves one image: give one sentence (SENTENCE or a one-line input), not {len(sources)}")
+    if target_file is None:
+        return iter([(source, None) for source in sources])
+    targets = read_lines(target_file)
+    if len(targets) != len(sources):
+        raise TfmError(
+            f"--target-file has {len(targets)} lines but the input has {len(sources)}; they must be line-parallel"
+        )
+    return iter(zip(sources, targets))
+
+
+def make_examples(
+    loaded: LoadedModel, pairs: Iterator[tuple[str, str | None]], beam: int, quiet: bool
+) -> Iterator[Example]:
+    """Yield an Example per (source, forced target) pair: the forced target if given, else the model's translation."""
+    from tfm_cli.inspection import make_example
+
+    for source, forced in pairs:
         example = make_example(loaded, source, forced, beam)
         if example.translated:
             print_info(f"translation: {example.target}", quiet=quiet)
         yield example
-    if target_file is not None and next(targets, None) is not None:
-        raise TfmError(f"--target-file has more lines than the input ({count}); they must be line-parallel")
 
 
 def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None, out: IO[str]) -> None:

@@ -60,15 +60,21 @@ def load_tokenizer(model: str, side: str):
     """Load a Tokenizer from a .model file, or from a checkpoint's embedded bytes for `side`."""
     from tfm_cli.tokenizer import Tokenizer
 
+    from tfm_cli.checkpoint import is_safetensors_file, read_checkpoint
+    from tfm_cli.textio import as_regular_file, check_input_file
+
     if side not in ("src", "tgt"):
         raise TfmError(f"--side must be 'src' or 'tgt', got {side!r}")
-    if model.endswith(".safetensors"):
-        from tfm_cli.checkpoint import read_checkpoint
-
-        checkpoint = read_checkpoint(model)
-        data = checkpoint.src_tokenizer_bytes if side == "src" else checkpoint.tgt_tokenizer_bytes
-        return Tokenizer(data, origin=f"{model} ({side} tokenizer)")
-    return Tokenizer.from_file(Path(model))
+    path = check_input_file(model, "a sentencepiece .model or a tfm checkpoint")
+    with as_regular_file(path) as regular:  # a pipe is read once, into a temp file
+        if model.endswith(".safetensors") or is_safetensors_file(regular):
+            try:
+                checkpoint = read_checkpoint(regular)
+            except TfmError as error:
+                raise TfmError(str(error).replace(str(regular), model)) from None
+            data = checkpoint.src_tokenizer_bytes if side == "src" else checkpoint.tgt_tokenizer_bytes
+            return Tokenizer(data, origin=f"{model} ({side} tokenizer)")
+        return Tokenizer(regular.read_bytes(), origin=model)
 
 
 @app.command("train", epilog=TRAIN_EPILOG, cls=TfmCommand)
@@ -167,7 +173,7 @@ def parse_ids(tokens: list[str], vocab_size: int, name: str, number: int) -> lis
     """Parse piece ids, raising TfmError with file and line for a non-integer or out-of-range id."""
     values = []
     for token in tokens:
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):
             raise TfmError(f"{name}:{number}: {token!r} is not a piece id (decode --ids expects integers)")
         value = int(token)
         if value >= vocab_size:

@@ -15,7 +15,7 @@ from tfm_cli.config import Recipe
 from tfm_cli.data import ParallelText, TokenizedCorpus, count_tokens, load_or_tokenize, read_parallel
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import remove_stale_temp_files
+from tfm_cli.textio import make_folder, remove_stale_temp_files
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 from tfm_cli.training.events import DataEvent, Event, PhaseEvent
 from tfm_cli.training.run_dir import CACHE_DIR, CACHE_FILES, RUN_FILES, check_run_dir
@@ -126,5 +126,5 @@ def prepare_run(
         if stale:
             names = ", ".join(path.name for path in stale)
             on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir, "run folder")
     return prepare_data(recipe, run_dir, resume or not world.is_main, on_event)

@@ -51,9 +51,16 @@ def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))["recipe"]
-    except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-        raise TfmError(f"{path}: damaged run config; start a new --run") from None
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise TfmError(f"{path}: damaged run config (not JSON); start a new --run") from None
+    recipe = saved.get("recipe") if isinstance(saved, dict) else None
+    if not isinstance(recipe, dict):
+        raise TfmError(f"{path}: damaged run config (no \"recipe\" object); start a new --run")
+    for section in ("data", "tokenizer", "model", "train"):
+        if not isinstance(recipe.get(section, {}), dict):
+            raise TfmError(f"{path}: damaged run config (recipe.{section} is not an object); start a new --run")
+    return recipe
 
 
 def check_resumable(recipe: Recipe, run_dir: Path) -> None:
@@ -76,6 +83,9 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
 
 def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
     """Refuse to overwrite a run without --resume, or to resume one that does not exist or differs."""
+    for folder in [run_dir, *run_dir.parents]:
+        if folder.exists() and not folder.is_dir():
+            raise TfmError(f"{folder}: is a file, not a folder; --run needs a folder (new or a run to resume)")
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise TfmError(f"{run_dir}: no {STATE_FILE} to resume from; drop --resume to start a new run")
@@ -101,6 +111,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     kept = []
     for line in path.read_text(encoding="utf-8").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
-            if json.loads(line).get("step", 0) <= step:
+            record = json.loads(line)
+            if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
                 kept.append(line + "\n")
     atomic_write_bytes(path, "".join(kept).encode("utf-8"))

@@ -6,6 +6,7 @@ Saved as safetensors tensors plus JSON metadata in train_state.safetensors: noth
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             metadata = json.loads(f.read(header_size)).get("__metadata__", {})
     except (SafetensorError, OSError, ValueError) as error:
         raise TfmError(f"{path}: unreadable training state ({error}); resume from a checkpoint instead") from None
-    if metadata.get("format") != STATE_FORMAT or metadata.get("format_version") != str(STATE_VERSION):
+    if not isinstance(metadata, dict) or metadata.get("format") != STATE_FORMAT or metadata.get("format_version") != str(STATE_VERSION):
         raise TfmError(f"{path}: not a tfm training state of version {STATE_VERSION}")
     return tensors, metadata
 
@@ -117,7 +118,7 @@ def restore_state(
     Raises TfmError if the run was trained by a different number of ranks than `world` has.
     """
     tensors, metadata = read_state(path)
-    counters = Counters(**json.loads(metadata["counters"]))
+    counters = decode_counters(metadata.get("counters"), path)
     if counters.world_size != world.world_size:
         raise TfmError(
             f"{path}: the run was trained with {counters.world_size} process(es) but this resume has "
@@ -132,23 +133,100 @@ def restore_state(
                 raise TfmError(f"{path}: the training state does not match the model ({name}); start a new --run")
             param.copy_(saved)
     template = optimizer.state_dict()
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for index, name in enumerate(names):
-        prefix = f"optimizer.{name}."
-        entries = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
-        if entries:
-            state[index] = entries
+    state = optimizer_state(tensors, model, path)
     optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})
-    torch.set_rng_state(tensors["rng.cpu"])
+    set_rng_state(torch.set_rng_state, rng_tensor(tensors, "rng.cpu", path), path)
     cuda_states = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
     if cuda_states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda_states)
+        set_rng_state(torch.cuda.set_rng_state_all, cuda_states, path)
     if world.distributed:
-        torch.set_rng_state(tensors[f"rng.cpu.rank{world.rank}"])
+        set_rng_state(torch.set_rng_state, rng_tensor(tensors, f"rng.cpu.rank{world.rank}", path), path)
         cuda_state = tensors.get(f"rng.cuda.rank{world.rank}")
         if cuda_state is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(cuda_state, torch.cuda.current_device())
-    scaler_state = json.loads(metadata.get("scaler", "null"))
+            set_rng_state(lambda rng: torch.cuda.set_rng_state(rng, torch.cuda.current_device()), cuda_state, path)
+    scaler_state = decode_json(metadata.get("scaler", "null"), "scaler", path)
     if scaler is not None and scaler_state:
+        if not isinstance(scaler_state, dict) or not all(isinstance(v, (int, float)) for v in scaler_state.values()):
+            raise TfmError(f"{path}: damaged training state (scaler is not an object of numbers); start a new --run")
         scaler.load_state_dict(scaler_state)
     return counters
+
+
+def damaged(path: Path, what: str) -> TfmError:
+    """The error for a training-state file that is readable but wrong inside."""
+    return TfmError(f"{path}: damaged training state ({what}); resume needs the file a run wrote, or start a new --run")
+
+
+def decode_json(text: object, key: str, path: Path) -> object:
+    """The JSON value stored under metadata `key`; TfmError if it is missing or not JSON."""
+    if not isinstance(text, str):
+        raise damaged(path, f"no {key} metadata")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise damaged(path, f"{key} metadata is not JSON") from None
+
+
+def decode_counters(text: object, path: Path) -> Counters:
+    """The Counters saved in a state file's metadata, each field type-checked; TfmError if damaged."""
+    values = decode_json(text, "counters", path)
+    if not isinstance(values, dict):
+        raise damaged(path, "counters is not a JSON object")
+    fields = Counters.__dataclass_fields__
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise damaged(path, f"unknown counter {unknown[0]!r}")
+    for name, value in values.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in ("elapsed", "best_value"):
+            valid = (number and math.isfinite(value) and value >= 0) if name == "elapsed" else (value is None or number)
+        else:
+            valid = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if not valid:
+            raise damaged(path, f"counter {name} = {value!r}")
+    return Counters(**values)
+
+
+def optimizer_state(tensors: dict[str, torch.Tensor], model: Transformer, path: Path) -> dict[int, dict]:
+    """The optimizer's per-parameter state from the file's optimizer.* tensors, checked against the model.
+
+    Either every parameter has the same entries (a run that has taken a step), or none has (a fresh
+    optimizer). Moments must have their parameter's shape; anything else raises TfmError.
+    """
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    expected_keys: set[str] | None = None
+    for index, (name, param) in enumerate(model.named_parameters()):
+        prefix = f"optimizer.{name}."
+        entries = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+        if expected_keys is None:
+            expected_keys = set(entries)
+        if set(entries) != expected_keys:
+            missing = sorted(expected_keys ^ set(entries))[0]
+            raise damaged(path, f"optimizer state of {name} lacks or adds tensor {missing!r}")
+        for key, value in entries.items():
+            scalar = key == "step"
+            if (value.numel() != 1 if scalar else value.shape != param.shape) or not value.is_floating_point():
+                raise damaged(path, f"optimizer.{name}.{key} has shape {tuple(value.shape)} and dtype {value.dtype}")
+            if not bool(torch.isfinite(value).all()):
+                raise damaged(path, f"optimizer.{name}.{key} holds non-finite values")
+        if entries:
+            state[index] = entries
+    return state
+
+
+def rng_tensor(tensors: dict[str, torch.Tensor], name: str, path: Path) -> torch.Tensor:
+    """The RNG state tensor `name` (a 1-D uint8 byte string); TfmError if it is missing or malformed."""
+    value = tensors.get(name)
+    if value is None:
+        raise damaged(path, f"no tensor {name!r}")
+    if value.dtype != torch.uint8 or value.dim() != 1:
+        raise damaged(path, f"{name} is not a byte string")
+    return value
+
+
+def set_rng_state(setter, state, path: Path) -> None:
+    """Call torch's RNG `setter` with `state`; a state torch rejects raises TfmError naming the file."""
+    try:
+        setter(state)
+    except (RuntimeError, ValueError) as error:
+        raise damaged(path, f"RNG state rejected: {error}") from None

@@ -391,8 +391,6 @@ def train_in_world(
     config = recipe.train
     if config.precision in ("bf16", "fp16") and device.type != "cuda":
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise TfmError(f"{run_dir}: exists and is not a directory")
     data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event)
     trainer = Trainer(recipe, run_dir, data, device, on_event, world)
     # Every rank counts the batches here, so fewer batches than ranks stops them all before training.
