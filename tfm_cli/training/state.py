@@ -125,7 +125,6 @@ def restore_state(
             f"{world.world_size}; resume with `torchrun --nproc-per-node ...` giving {counters.world_size} processes "
             "in all (the effective batch and data order depend on it)"
         )
-    names = [name for name, _ in model.named_parameters()]
     with torch.no_grad():
         for name, param in model.named_parameters():
             saved = tensors.get(f"model.{name}")
