@@ -302,7 +302,7 @@ RECIPE_CASES = {
     # name: (recipe: None = no file, "dir" = a directory, bytes, "tiny" = recipes/tiny.toml, "tiny+" = it plus an
     # unknown section, "tiny-type" = it with d_model = "big"; the error fragment). Data cases point data.train_* at the bad file with --set.
     "missing_recipe": (None, "no such recipe file"),
-    "recipe_directory": ("dir", "recipe"),
+    "recipe_directory": ("dir", "is a directory, expected a recipe file"),
     "recipe_not_toml": (b"this is [not toml\n", "not valid TOML"),
     "recipe_not_utf8": (b"[model]\nname = \"\xff\"\n", "not UTF-8"),
     "recipe_wrong_type": ("tiny-type", "model.d_model must be"),

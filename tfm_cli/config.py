@@ -499,6 +499,8 @@ def resolve_paths(values: dict[str, Any], base: Path) -> None:
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
     """Parse a TOML recipe into nested data with its paths resolved against the recipe's folder."""
+    if path.is_dir():
+        raise TfmError(f"{path}: is a directory, expected a recipe file (.toml)")
     if not path.is_file():
         raise TfmError(f"{path}: no such recipe file")
     try:
