@@ -1,4 +1,4 @@
-"""A full disk: every command that writes files fails with one line and leaves nothing half-written.
+"""A full or read-only disk: every command that writes files fails with one line and leaves nothing half-written.
 
 The full disk is a small tmpfs mounted in a user and mount namespace of its own (`unshare -rm`), which
 needs no privileges where the kernel allows unprivileged user namespaces. The command and a listing
@@ -35,13 +35,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_on_full_disk(size_bytes: int, folder: Path, args: list) -> tuple[int, str, list[str]]:
-    """Run `tfm ARGS` with `folder` a fresh tmpfs of `size_bytes`; returns (exit code, stderr, files left in it)."""
+def run_on_full_disk(size_bytes: int, folder: Path, args: list, options: str = "") -> tuple[int, str, list[str]]:
+    """Run `tfm ARGS` with `folder` a fresh tmpfs of `size_bytes` (mount `options` added, e.g. "ro");
+    returns (exit code, stderr, files left in it). Its stdout goes to stdout.txt beside `folder`."""
     folder.mkdir(exist_ok=True)
     command = " ".join(shlex.quote(str(arg)) for arg in [sys.executable, "-m", "tfm_cli", *args])
+    mount_options = f"size={size_bytes}" + (f",{options}" if options else "")
     script = (
-        f"mount -t tmpfs -o size={size_bytes} tmpfs {shlex.quote(str(folder))} || exit 99\n"
-        f"{command}\nstatus=$?\n"
+        f"mount -t tmpfs -o {mount_options} tmpfs {shlex.quote(str(folder))} || exit 99\n"
+        f"{command} >{shlex.quote(str(folder.parent / 'stdout.txt'))}\nstatus=$?\n"
         f"cd {shlex.quote(str(folder))} && find . -type f | sort >&3\nexit $status"
     )
     process = subprocess.run(
@@ -99,3 +101,27 @@ def test_translate_to_a_file_writes_nothing(tmp_path, random_checkpoint):
     )
     assert_one_disk_full_line(code, stderr)
     assert left == []
+
+
+def test_inspect_attention_png_on_a_full_disk_prints_nothing(tmp_path, random_checkpoint):
+    pytest.importorskip("matplotlib")  # the test extra installs it
+    # The folder check before the work passes (an empty probe file fits); the image itself does not.
+    code, stderr, left = run_on_full_disk(
+        PAGE, tmp_path / "disk",
+        ["inspect-attention", "-m", random_checkpoint, "a b c d", "--target", "e f g", "--png",
+         tmp_path / "disk" / "attention.png", "--threads", "1"],
+    )
+    assert code == 1 and "cannot write the image" in stderr and "No space left on device" in stderr, stderr
+    assert "Traceback" not in stderr and left == []
+    assert (tmp_path / "stdout.txt").read_text() == ""  # the heatmap was not printed
+
+
+def test_a_read_only_folder_is_named_as_the_output_not_a_temp_file(tmp_path, small_spm):
+    output = tmp_path / "disk" / "out.txt"
+    code, stderr, left = run_on_full_disk(
+        PAGE, tmp_path / "disk", ["tokenize", "encode", "-m", small_spm, "-i", small_spm.with_suffix(".vocab"),
+                                  "-o", output], options="ro",
+    )
+    assert code == 1, stderr
+    assert stderr.startswith(f"error: {output}: Read-only file system") and ".tmp" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and left == []

@@ -179,6 +179,16 @@ def test_many_lines_with_target_file_give_one_alignment_line_each(random_checkpo
         assert result.stdout == ""  # found before the first result is printed
 
 
+def test_input_problems_are_found_before_any_output(random_checkpoint, tmp_path):
+    sources = tmp_path / "src"
+    sources.write_bytes(f"{SOURCE}\nthe dog\n".encode() + b"\xff bad\n")
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "-i", sources, "--beam", "1"])
+    assert result.exit_code == 1 and f"{sources}:3: invalid UTF-8" in result.stderr, result.stderr
+    assert result.stdout == ""
+    both = run_cli(["inspect-attention", "-m", random_checkpoint, SOURCE, "-i", sources])
+    assert both.exit_code == 1 and "give a SENTENCE or --input FILE, not both" in both.stderr
+
+
 def test_png_with_several_sentences_is_refused_before_any_output(random_checkpoint, tmp_path):
     sources = tmp_path / "src"
     sources.write_text(f"{SOURCE}\nthe dog sees my cat\n", encoding="utf-8")

@@ -169,3 +169,18 @@ def test_unknown_characters_round_trip_as_pieces_but_not_as_ids(letters):
     assert "1" in ids.split()  # <unk>
     decoded = run_cli(["tokenize", "decode", "-m", letters["spm"], "--ids"], input=ids).stdout
     assert decoded != text and "⁇" in decoded
+
+
+def test_train_reads_a_fifo_input_once(tmp_path, synthetic):
+    # tfm checks the text (UTF-8) before sentencepiece reads it: a FIFO must be copied, not read twice.
+    import os
+    import threading
+
+    fifo = tmp_path / "text.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(synthetic["train.src"].read_bytes()))
+    writer.start()
+    result = run_cli(["tokenize", "train", fifo, "-o", tmp_path / "spm", "--vocab-size", "100", "-q"])
+    writer.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "spm.model").is_file() and (tmp_path / "spm.vocab").is_file()

@@ -166,3 +166,22 @@ def test_a_metrics_line_that_is_not_an_object_does_not_stop_a_resume(tmp_path, f
     assert result.exit_code == 0, result.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(isinstance(record, dict) for record in records)
+
+
+def test_tokenize_train_prefix_that_is_a_folder_is_refused(tmp_path, synthetic):
+    folder = tmp_path / "spmdir"
+    folder.mkdir()
+    for prefix in (f"{folder}/", str(folder)):
+        result = run_cli(["tokenize", "train", synthetic["train.src"], "-o", prefix, "--vocab-size", "100"])
+        assert_one_error(result, "is a folder; -o takes a file prefix")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spmdir"] and list(folder.iterdir()) == []
+
+
+def test_a_metrics_file_with_bytes_that_are_not_utf8_does_not_stop_a_resume(tmp_path, finished_run, letters):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 1, "x": "\xff"}\n')
+    result = run_cli(["train", TINY, "--run", run, "--resume", "--threads", "1", "-q",
+                      *letter_settings(letters, **{"train.max_steps": 3})])
+    assert result.exit_code == 0, result.stderr

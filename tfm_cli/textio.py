@@ -172,7 +172,10 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
     """
     directory = target.parent if str(target.parent) else Path(".")
     check_output_folder(directory, target)
-    fd, name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as error:  # name the file the user asked for, not the temp name
+        raise OSError(error.errno, f"{error.strerror} (cannot create a file in {directory})", str(target)) from None
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)

@@ -103,6 +103,9 @@ def inspect_attention(
         for example in examples:
             count += 1
             view = example_view(loaded, example, kind, layer, head_index, words)
+            if png is not None:  # before printing: a failed image write leaves no printed result
+                save_png(png, view, kind)
+                print_info(f"wrote {png}", quiet=quiet)
             if output_format == "pharaoh":
                 write_alignment(view, reverse, example, layer, head_index, out)
             elif output_format == "json":
@@ -112,9 +115,6 @@ def inspect_attention(
             else:
                 title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
                 print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
-            if png is not None:
-                save_png(png, view, kind)
-                print_info(f"wrote {png}", quiet=quiet)
             out.flush()
 
 
@@ -157,20 +157,19 @@ def read_pairs(
 ) -> Iterator[tuple[str, str | None]]:
     """(source, forced target or None) per sentence, checked for what can be checked before output starts.
 
-    With --target-file both files are read first, so that a line-count mismatch is an error before
-    any result is printed; `one` (for --png) likewise requires exactly one sentence up front.
-    Otherwise the input is read lazily, a line at a time, as a filter does.
+    The input (and --target-file) is read whole first, so that invalid UTF-8 or a line-count
+    mismatch is an error before any result is printed; `one` (for --png) requires exactly one sentence.
     """
-    from tfm_cli.textio import iter_lines, read_lines
+    from tfm_cli.textio import read_lines
 
     if target is not None and sentence is None:
         raise TfmError("--target forces the translation of one SENTENCE; for many lines use --target-file")
     if target is not None and target_file is not None:
         raise TfmError("give --target or --target-file, not both")
     if sentence is not None:
+        if input != "-":
+            raise TfmError("give a SENTENCE or --input FILE, not both")
         return iter([(sentence, target)])
-    if target_file is None and not one:
-        return ((source, None) for source in iter_lines(input))
     sources = read_lines(input)
     if one and len(sources) != 1:
         raise TfmError(f"--png saves one image: give one sentence (SENTENCE or a one-line input), not {len(sources)}")

@@ -103,14 +103,22 @@ def train(
         normalization=normalization,
         input_sentence_size=input_sentence_size,
     )
+    if output.endswith("/") or Path(output).is_dir():
+        raise TfmError(f"-o {output}: is a folder; -o takes a file prefix, e.g. -o {output.rstrip('/')}/spm")
     prefix = Path(output)
     with tempfile.TemporaryDirectory(prefix="tfm-tokenize-") as tmp:
         paths = []
-        for name in inputs:
-            if name == "-":
-                copy = Path(tmp) / "stdin.txt"
+        for number, name in enumerate(inputs):
+            # Sentencepiece reads its inputs after tfm has checked them: stdin, a pipe or a FIFO
+            # can be read only once, so it is copied first.
+            if name == "-" or (Path(name).exists() and not Path(name).is_file() and not Path(name).is_dir()):
+                copy = Path(tmp) / f"input{number}.txt"
                 with open(copy, "wb") as f:
-                    shutil.copyfileobj(sys.stdin.buffer, f)
+                    if name == "-":
+                        shutil.copyfileobj(sys.stdin.buffer, f)
+                    else:
+                        with open(name, "rb") as stream:
+                            shutil.copyfileobj(stream, f)
                 paths.append(copy)
             else:
                 paths.append(Path(name))

@@ -47,6 +47,7 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
 
 def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
     """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
+    check_run_folder_shape(run_dir)
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         return None
@@ -57,10 +58,27 @@ def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
     recipe = saved.get("recipe") if isinstance(saved, dict) else None
     if not isinstance(recipe, dict):
         raise TfmError(f"{path}: damaged run config (no \"recipe\" object); start a new --run")
-    for section in ("data", "tokenizer", "model", "train"):
-        if not isinstance(recipe.get(section, {}), dict):
+    for section, table in recipe.items():
+        if not isinstance(table, dict):
             raise TfmError(f"{path}: damaged run config (recipe.{section} is not an object); start a new --run")
     return recipe
+
+
+def saved_init(run_dir: Path) -> dict[str, str] | None:
+    """Where a run started with `--init` took its first weights: config.json's {"path", "sha256"}, or None."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise TfmError(f"{path}: damaged run config (not JSON); start a new --run") from None
+    init = saved.get("init") if isinstance(saved, dict) else None
+    if init is None:
+        return None
+    if not (isinstance(init, dict) and set(init) == {"path", "sha256"} and all(isinstance(v, str) for v in init.values())):
+        raise TfmError(f"{path}: damaged run config (init is not a {{path, sha256}} object); start a new --run")
+    return init
 
 
 def check_resumable(recipe: Recipe, run_dir: Path) -> None:
@@ -81,11 +99,16 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
                 )
 
 
-def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
-    """Refuse to overwrite a run without --resume, or to resume one that does not exist or differs."""
+def check_run_folder_shape(run_dir: Path) -> None:
+    """Raise TfmError if `run_dir`, or a folder above it, is a file: --run names a folder."""
     for folder in [run_dir, *run_dir.parents]:
         if folder.exists() and not folder.is_dir():
             raise TfmError(f"{folder}: is a file, not a folder; --run needs a folder (new or a run to resume)")
+
+
+def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
+    """Refuse to overwrite a run without --resume, or to resume one that does not exist or differs."""
+    check_run_folder_shape(run_dir)
     if resume:
         if not (run_dir / STATE_FILE).is_file():
             raise TfmError(f"{run_dir}: no {STATE_FILE} to resume from; drop --resume to start a new run")
@@ -105,11 +128,14 @@ def write_metrics(path: Path, record: dict[str, Any]) -> None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop metrics.jsonl records after `step` (written by a session that died after its last save)."""
+    """Drop metrics.jsonl records after `step` (written by a session that died after its last save).
+
+    Lines that are not JSON objects (a write cut short by a full disk, say) are dropped too.
+    """
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
             if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
