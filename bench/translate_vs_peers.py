@@ -6,9 +6,9 @@ One run measures, side by side and interleaved, every engine on the same token i
   tfm-translate  the `tfm translate` library path (tfm_cli.translation.Translator.translate_chunk on
               the raw lines: tokenization, its own equal-source-length batching with its default
               --batch-size/--max-tokens, beam_search also for beam 1, detokenization), float32
-  hf-marian   transformers MarianMTModel.generate (converted by bench/marian_convert.py), float32
-  ct2-float32 CTranslate2 Translator on that MarianMT directory (CTranslate2's own converter)
-  ct2-int8    the same, weights quantized to int8 at conversion
+  hf-marian   transformers MarianMTModel.generate on `tfm export --to marian`'s folder, float32
+  ct2-float32 CTranslate2 Translator on `tfm export --to ctranslate2`'s model
+  ct2-int8    the same, weights quantized to int8 (`--quantization int8`)
 Each (OMP_WAIT_POLICY, beam, engine, repeat) runs in its own subprocess, because OpenMP reads
 OMP_WAIT_POLICY once when torch or CTranslate2 loads. The subprocess loads the model, decodes
 the first batch once as a warm-up, then times decoding of all batches (tokenization excluded).
@@ -70,15 +70,19 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limi
     Returns the batches file: a list of batches, each a list of [line_index, source ids + EOS],
     sorted by source length (longest first) and cut into `batch_size` sentences.
     """
-    from marian_convert import convert_to_ctranslate2, save_marian
+    import shutil
 
-    from tfm_cli.checkpoint import load_model, read_checkpoint
+    from tfm_cli.checkpoint import checkpoint_tokenizers, load_model, read_checkpoint
+    from tfm_cli.exporting import export_model
     from tfm_cli.textio import iter_lines
 
     loaded = load_model(checkpoint)
-    save_marian(read_checkpoint(checkpoint), workdir / "marian")
-    for quantization in ("float32", "int8"):
-        convert_to_ctranslate2(workdir / "marian", workdir / f"ct2-{quantization}", quantization)
+    exported = read_checkpoint(checkpoint)
+    src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(checkpoint, exported)
+    for target, folder, quantization in (("marian", "marian", "float32"), ("ctranslate2", "ct2-float32", "float32"),
+                                         ("ctranslate2", "ct2-int8", "int8")):
+        shutil.rmtree(workdir / folder, ignore_errors=True)
+        export_model(exported, src_tokenizer, tgt_tokenizer, target, workdir / folder, quantization)
     lines = list(iter_lines(str(source)))[:limit]
     eos = loaded.config.eos_id
     ids = [loaded.src_tokenizer.encode_ids(line) + [eos] for line in lines]
@@ -154,9 +158,9 @@ def load_engine(job: Job):
 
         return decode
     if job.engine == "hf-marian":
-        from marian_convert import load_marian
+        from transformers import MarianMTModel
 
-        model = load_marian(workdir / "marian")
+        model = MarianMTModel.from_pretrained(workdir / "marian", dtype=torch.float32).eval()
         config = model.config
 
         @torch.inference_mode()
@@ -171,20 +175,20 @@ def load_engine(job: Job):
         return decode
     import ctranslate2
 
-    from marian_convert import read_vocabularies
+    from tfm_cli.checkpoint import load_model
 
-    vocab = read_vocabularies(workdir / "marian")
-    piece_id = {piece: i for i, piece in enumerate(vocab.tgt)}
+    loaded = load_model(job.checkpoint)
+    src_pieces = [loaded.src_tokenizer.id_to_piece(i) for i in range(loaded.src_tokenizer.vocab_size)]
     translator = ctranslate2.Translator(
         str(workdir / job.engine), device="cpu", inter_threads=1, intra_threads=job.threads
     )
 
     def decode(batch):
         results = translator.translate_batch(
-            [[vocab.src[i] for i in ids] for _, ids in batch], beam_size=job.beam, length_penalty=0.0,
+            [[src_pieces[i] for i in ids] for _, ids in batch], beam_size=job.beam, length_penalty=0.0,
             max_decoding_length=job.max_steps, max_batch_size=len(batch), return_scores=False,
         )
-        return [[piece_id[piece] for piece in result.hypotheses[0]] for result in results]
+        return [[loaded.tgt_tokenizer.piece_to_id(piece) for piece in result.hypotheses[0]] for result in results]
 
     return decode
 

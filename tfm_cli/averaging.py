@@ -65,7 +65,9 @@ def check_compatible(first_path: Path, first: Checkpoint, path: Path, other: Che
                 f"but {mine!r} in {first_path}"
             )
     for side, mine, theirs in (("source", first.src_tokenizer_bytes, other.src_tokenizer_bytes),
-                               ("target", first.tgt_tokenizer_bytes, other.tgt_tokenizer_bytes)):
+                               ("target", first.tgt_tokenizer_bytes, other.tgt_tokenizer_bytes),
+                               ("source", first.src_vocab, other.src_vocab),
+                               ("target", first.tgt_vocab, other.tgt_vocab)):
         if mine != theirs:
             raise TfmError(f"cannot average {path} with {first_path}: their {side} tokenizers differ")
 
@@ -116,7 +118,8 @@ def average_checkpoints(paths: list[Path], on_read: Callable[[Path], None] | Non
         "step": max(steps) if steps else None,
         "averaged_from_provenance": first.provenance,
     }
-    return Checkpoint(first.config, weights, first.src_tokenizer_bytes, first.tgt_tokenizer_bytes, provenance)
+    # The first input's tokenizers (bytes and piece tables) and decoding defaults go with the average.
+    return dataclasses.replace(first, weights=weights, provenance=provenance)
 
 
 def average_to_file(paths: list[Path], output: Path, on_read: Callable[[Path], None] | None = None) -> Checkpoint:

@@ -4,8 +4,12 @@ Layout (format version 1):
   tensors   every model parameter under its `Transformer.named_parameters()` name (tied weights
             stored once, under their first name), plus the sentencepiece model bytes as uint8
             tensors `tokenizer.src` and, when the target side has its own model, `tokenizer.tgt`.
+            A tokenizer whose ids come from a piece table (vocabulary.MappedTokenizer: imported
+            Marian models) adds the table as UTF-8 JSON in `tokenizer.src_vocab` and, when the
+            target's differs, `tokenizer.tgt_vocab`.
   metadata  format="tfm-checkpoint", format_version="1", model_config (JSON of ModelConfig),
-            provenance (free-form JSON: step, recipe, averaged inputs, ...).
+            provenance (free-form JSON: step, recipe, averaged inputs, ...), and optionally
+            decode_defaults (JSON: DecodeConfig fields an imported model's generation config sets).
 Nothing here ever unpickles: files are read through safetensors only.
 """
 
@@ -22,17 +26,23 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from tfm_cli.config import ModelConfig, config_from_dict, config_to_dict
+from tfm_cli.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import pack_weights
 from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.vocabulary import MappedTokenizer, decode_vocabulary, encode_vocabulary
 
 FORMAT_NAME = "tfm-checkpoint"
 FORMAT_VERSION = 1
 SRC_TOKENIZER_KEY = "tokenizer.src"
 TGT_TOKENIZER_KEY = "tokenizer.tgt"
+SRC_VOCAB_KEY = "tokenizer.src_vocab"
+TGT_VOCAB_KEY = "tokenizer.tgt_vocab"
+# The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
+# unless a flag says otherwise).
+DECODE_DEFAULT_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "banned_ids")
 TOKENIZER_PREFIX = "tokenizer."
 HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
 SENTENCEPIECE_LIMIT = 64 * 1024 * 1024  # larger files are not tried as sentencepiece models
@@ -47,16 +57,22 @@ class Checkpoint:
     src_tokenizer_bytes: bytes
     tgt_tokenizer_bytes: bytes  # the same bytes as the source for a joint vocabulary
     provenance: dict[str, Any] = field(default_factory=dict)
+    # Piece tables (id -> piece) of tokenizers whose ids are not the sentencepiece model's (None: they are).
+    src_vocab: tuple[str, ...] | None = None
+    tgt_vocab: tuple[str, ...] | None = None
+    # DecodeConfig fields (DECODE_DEFAULT_KEYS) this model decodes with by default; {} = tfm's defaults.
+    decode_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class LoadedModel:
-    """A model ready to run, with the tokenizers and provenance that came in its checkpoint."""
+    """A model ready to run, with the tokenizers, provenance and decoding defaults of its checkpoint."""
 
     model: Transformer
-    src_tokenizer: Tokenizer
-    tgt_tokenizer: Tokenizer
+    src_tokenizer: Tokenizer | MappedTokenizer
+    tgt_tokenizer: Tokenizer | MappedTokenizer
     provenance: dict[str, Any]
+    decode_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def config(self) -> ModelConfig:
@@ -79,16 +95,29 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """Serialise `checkpoint` to safetensors bytes (see the module docstring for the layout)."""
     tensors = dict(checkpoint.weights)
-    tensors[SRC_TOKENIZER_KEY] = torch.frombuffer(bytearray(checkpoint.src_tokenizer_bytes), dtype=torch.uint8)
+    tensors[SRC_TOKENIZER_KEY] = byte_tensor(checkpoint.src_tokenizer_bytes)
     if checkpoint.tgt_tokenizer_bytes != checkpoint.src_tokenizer_bytes:
-        tensors[TGT_TOKENIZER_KEY] = torch.frombuffer(bytearray(checkpoint.tgt_tokenizer_bytes), dtype=torch.uint8)
+        tensors[TGT_TOKENIZER_KEY] = byte_tensor(checkpoint.tgt_tokenizer_bytes)
+    if (checkpoint.src_vocab is None) != (checkpoint.tgt_vocab is None):
+        raise ValueError("a checkpoint's tokenizers are both mapped through a vocabulary or neither is")
+    if checkpoint.src_vocab is not None:
+        tensors[SRC_VOCAB_KEY] = byte_tensor(encode_vocabulary(checkpoint.src_vocab))
+        if checkpoint.tgt_vocab != checkpoint.src_vocab:
+            tensors[TGT_VOCAB_KEY] = byte_tensor(encode_vocabulary(checkpoint.tgt_vocab))
     metadata = {
         "format": FORMAT_NAME,
         "format_version": str(FORMAT_VERSION),
         "model_config": json.dumps(config_to_dict(checkpoint.config), sort_keys=True),
         "provenance": json.dumps(checkpoint.provenance, sort_keys=True),
     }
+    if checkpoint.decode_defaults:
+        metadata["decode_defaults"] = json.dumps(checkpoint.decode_defaults, sort_keys=True)
     return save(tensors, metadata=metadata)
+
+
+def byte_tensor(data: bytes) -> torch.Tensor:
+    """Bytes as a (N,) uint8 tensor (how a checkpoint stores tokenizer files)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
@@ -104,14 +133,28 @@ def save_model(
     provenance: dict[str, Any] | None = None,
 ) -> None:
     """Write a self-contained checkpoint of `model` and its tokenizers to `path` atomically."""
-    checkpoint = Checkpoint(
-        config=model.config,
-        weights=model_weights(model),
+    write_checkpoint(path, make_checkpoint(model.config, model_weights(model), src_tokenizer, tgt_tokenizer, provenance))
+
+
+def make_checkpoint(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    src_tokenizer: Tokenizer | MappedTokenizer,
+    tgt_tokenizer: Tokenizer | MappedTokenizer,
+    provenance: dict[str, Any] | None = None,
+    decode_defaults: dict[str, Any] | None = None,
+) -> Checkpoint:
+    """A Checkpoint of `weights` with everything the tokenizers need to be rebuilt (bytes and piece tables)."""
+    return Checkpoint(
+        config=config,
+        weights=weights,
         src_tokenizer_bytes=src_tokenizer.model_bytes,
         tgt_tokenizer_bytes=tgt_tokenizer.model_bytes,
         provenance=provenance or {},
+        src_vocab=src_tokenizer.vocabulary,
+        tgt_vocab=tgt_tokenizer.vocabulary,
+        decode_defaults=decode_defaults or {},
     )
-    write_checkpoint(path, checkpoint)
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -241,6 +284,7 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
             ) from None
         raise
     config, provenance = read_metadata(path, header)
+    decode_defaults = read_decode_defaults(path, header, config)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
@@ -250,8 +294,45 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
     src_bytes = tensors.pop(SRC_TOKENIZER_KEY).numpy().tobytes()
     tgt_tensor = tensors.pop(TGT_TOKENIZER_KEY, None)
     tgt_bytes = src_bytes if tgt_tensor is None else tgt_tensor.numpy().tobytes()
+    src_vocab_tensor, tgt_vocab_tensor = tensors.pop(SRC_VOCAB_KEY, None), tensors.pop(TGT_VOCAB_KEY, None)
+    src_vocab = tgt_vocab = None
+    if src_vocab_tensor is not None:
+        src_vocab = decode_vocabulary(src_vocab_tensor.numpy().tobytes(), f"{path} ({SRC_VOCAB_KEY})")
+        tgt_vocab = src_vocab
+        if tgt_vocab_tensor is not None:
+            tgt_vocab = decode_vocabulary(tgt_vocab_tensor.numpy().tobytes(), f"{path} ({TGT_VOCAB_KEY})")
+    elif tgt_vocab_tensor is not None:
+        raise TfmError(f"{path}: checkpoint has {TGT_VOCAB_KEY} but no {SRC_VOCAB_KEY}")
     check_weights(path, config, tensors)
-    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance)
+    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults)
+
+
+def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """The checkpoint's decoding defaults (metadata decode_defaults), validated; {} when it has none.
+
+    Raises TfmError naming the file for damaged JSON, a key outside DECODE_DEFAULT_KEYS, a value
+    DecodeConfig refuses, or a banned id outside the target vocabulary.
+    """
+    text = header.get("__metadata__", {}).get("decode_defaults")
+    if text is None:
+        return {}
+    try:
+        values = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        values = None
+    if not isinstance(values, dict):
+        raise TfmError(f"{path}: damaged checkpoint metadata (decode_defaults is not a JSON object)")
+    unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
+    if unknown:
+        raise TfmError(f"{path}: bad decode_defaults in checkpoint: unknown key {unknown[0]!r}")
+    try:
+        decode = config_from_dict(DecodeConfig, values, "decode_defaults")
+    except TfmError as error:
+        raise TfmError(f"{path}: bad decode_defaults in checkpoint: {error}") from None
+    outside = [token for token in decode.banned_ids if token >= config.tgt_vocab_size]
+    if outside:
+        raise TfmError(f"{path}: bad decode_defaults in checkpoint: banned id {outside[0]} is outside the target vocabulary")
+    return {key: getattr(decode, key) for key in values}
 
 
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
@@ -293,18 +374,43 @@ def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> T
 def load_model(path: Path | str, device: str | torch.device = "cpu") -> LoadedModel:
     """Read, validate and build: the one call translate, score and inspect-attention need."""
     checkpoint = read_checkpoint(path)
-    src_tokenizer = Tokenizer(checkpoint.src_tokenizer_bytes, origin=f"{path} (source tokenizer)")
-    tgt_tokenizer = (
-        src_tokenizer
-        if checkpoint.tgt_tokenizer_bytes == checkpoint.src_tokenizer_bytes
-        else Tokenizer(checkpoint.tgt_tokenizer_bytes, origin=f"{path} (target tokenizer)")
+    src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(path, checkpoint)
+    return LoadedModel(
+        build_model(checkpoint, device), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults
     )
-    check_vocab_sizes(path, checkpoint.config, src_tokenizer, tgt_tokenizer)
-    check_special_ids(path, checkpoint.config, src_tokenizer, tgt_tokenizer)
-    return LoadedModel(build_model(checkpoint, device), src_tokenizer, tgt_tokenizer, checkpoint.provenance)
 
 
-def check_vocab_sizes(path: Path | str, config: ModelConfig, src: Tokenizer, tgt: Tokenizer) -> None:
+def checkpoint_tokenizers(
+    path: Path | str, checkpoint: Checkpoint
+) -> tuple[Tokenizer | MappedTokenizer, Tokenizer | MappedTokenizer]:
+    """The (source, target) tokenizers of a checkpoint read from `path`, checked against its config.
+
+    Plain sentencepiece tokenizers (tfm's own) when the checkpoint has no piece tables, MappedTokenizers
+    (imported Marian models) when it has. Raises TfmError naming `path` when they do not fit the model.
+    """
+    config = checkpoint.config
+    if checkpoint.src_vocab is None:
+        src = Tokenizer(checkpoint.src_tokenizer_bytes, origin=f"{path} (source tokenizer)")
+        same = checkpoint.tgt_tokenizer_bytes == checkpoint.src_tokenizer_bytes
+        tgt = src if same else Tokenizer(checkpoint.tgt_tokenizer_bytes, origin=f"{path} (target tokenizer)")
+        check_vocab_sizes(path, config, src, tgt)
+        check_special_ids(path, config, src, tgt)
+        return src, tgt
+    # Decoding drops padding, EOS and the decoder's start token, as sentencepiece drops its control pieces.
+    control = frozenset({config.pad_id, config.eos_id, config.bos_id})
+    src = MappedTokenizer(
+        checkpoint.src_tokenizer_bytes, checkpoint.src_vocab, config.unk_id, control, origin=f"{path} (source tokenizer)"
+    )
+    tgt = MappedTokenizer(
+        checkpoint.tgt_tokenizer_bytes, checkpoint.tgt_vocab, config.unk_id, control, origin=f"{path} (target tokenizer)"
+    )
+    check_vocab_sizes(path, config, src, tgt)
+    return src, tgt
+
+
+def check_vocab_sizes(
+    path: Path | str, config: ModelConfig, src: Tokenizer | MappedTokenizer, tgt: Tokenizer | MappedTokenizer
+) -> None:
     """Raise TfmError if the tokenizers do not match the model's vocabulary sizes."""
     if src.vocab_size != config.src_vocab_size or tgt.vocab_size != config.tgt_vocab_size:
         raise TfmError(

@@ -14,7 +14,7 @@ import typer
 
 from tfm_cli import __version__
 from tfm_cli.commands import TfmCommand, TfmCommandGroup
-from tfm_cli.commands import average, inspect_attention, score, tokenize, train, translate
+from tfm_cli.commands import average, export, import_model, inspect_attention, score, tokenize, train, translate
 from tfm_cli.console import print_error, print_hint
 from tfm_cli.errors import TfmError
 
@@ -131,6 +131,8 @@ app.command("average", epilog=average.EPILOG, cls=TfmCommand)(average.average)
 app.command("translate", epilog=translate.EPILOG, cls=TfmCommand)(translate.translate)
 app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
+app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
+app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)
 
 
 def interrupt_on_sigterm(signum: int, frame) -> None:

@@ -36,6 +36,8 @@ def check_seed(seed: int, key: str) -> None:
 # The sinusoidal position table is max_positions x d_model floats, built whole when a model is made:
 # this bound keeps a config (a crafted checkpoint's, say) from asking for terabytes.
 MAX_POSITIONS = 1 << 16
+ACTIVATIONS = ("relu", "gelu", "swish")
+SINUSOID_LAYOUTS = ("interleaved", "halves")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ModelShape:
     activation_dropout: float = 0.0
     # Post-norm LayerNorm(x + f(x)) as in the paper; pre-norm x + f(LayerNorm(x)) adds final norms.
     norm_first: bool = False
+    # The FFN's nonlinearity: relu (section 3.3), gelu, or swish (x * sigmoid(x), OPUS-MT's Marian models).
     activation: str = "relu"
     # Joint vocabulary: one embedding matrix for source, target and the output projection.
     share_embeddings: bool = False
@@ -62,6 +65,11 @@ class ModelShape:
     tie_output: bool = True
     max_positions: int = 1024
     layer_norm_eps: float = 1e-5
+    # Section 3.5's sinusoids: "interleaved" puts sin at even and cos at odd dimensions (the paper's
+    # formula); "halves" puts all sines first, then all cosines (tensor2tensor and Marian, so OPUS-MT).
+    sinusoid_layout: str = "interleaved"
+    # A learned bias added to the output logits (Marian's final_logits_bias); tensor output_proj.bias.
+    output_bias: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "n_enc_layers", "n_dec_layers", "max_positions"):
@@ -72,8 +80,10 @@ class ModelShape:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise TfmError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.activation not in ("relu", "gelu"):
-            raise TfmError(f"model.activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise TfmError(f"model.activation must be 'relu', 'gelu' or 'swish', got {self.activation!r}")
+        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
+            raise TfmError(f"model.sinusoid_layout must be 'interleaved' or 'halves', got {self.sinusoid_layout!r}")
         if self.max_positions > MAX_POSITIONS:
             raise TfmError(f"model.max_positions must be at most {MAX_POSITIONS:,}, got {self.max_positions:,}")
         if not 0.0 < self.layer_norm_eps < 1.0:
@@ -87,7 +97,11 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class ModelConfig(ModelShape):
-    """A whole model's config: its ModelShape plus the vocabulary sizes and special ids of its tokenizers."""
+    """A whole model's config: its ModelShape plus the vocabulary sizes and special ids of its tokenizers.
+
+    bos_id is the token the decoder starts from. tfm's tokenizers have a BOS of their own; Marian
+    models (OPUS-MT) start from padding, so bos_id may equal pad_id (the other ids are distinct).
+    """
 
     src_vocab_size: int = field(kw_only=True)
     tgt_vocab_size: int = field(kw_only=True)
@@ -107,8 +121,9 @@ class ModelConfig(ModelShape):
                 f"{self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}"
             )
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
-        if len(set(special.values())) != 4:
-            raise TfmError(f"special token ids must be distinct, got {special}")
+        distinct = {"pad_id", "unk_id", "eos_id"} if self.bos_id == self.pad_id else set(special)
+        if len({special[name] for name in distinct}) != len(distinct):
+            raise TfmError(f"special token ids must be distinct (bos_id may equal pad_id), got {special}")
         for name, value in special.items():
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise TfmError(f"model.{name}={value} is outside the vocabulary")
@@ -132,6 +147,8 @@ class DecodeConfig:
     temperature: float = 1.0
     seed: int = 0
     no_unk: bool = False  # never generate the unknown-word token (padding and BOS never are)
+    # Further target ids never generated (an imported model's bad_words_ids), besides padding and BOS.
+    banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -154,6 +171,8 @@ class DecodeConfig:
         if not math.isfinite(self.length_penalty) or not math.isfinite(self.max_len_a):
             raise TfmError("length penalty and max_len_a must be finite numbers")
         check_seed(self.seed, "seed")
+        if any(token < 0 for token in self.banned_ids):
+            raise TfmError(f"banned token ids must be >= 0, got {list(self.banned_ids)}")
 
 
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], section: str) -> ConfigT:
@@ -303,6 +322,10 @@ class TrainConfig:
             raise TfmError("train.warmup_steps must be > 0 with the paper's schedule (train.lr = 0)")
 
 
+# Far above any real subword vocabulary; sentencepiece itself takes a 32-bit size.
+MAX_VOCAB_SIZE = 1_000_000
+
+
 @dataclass(frozen=True)
 class TokenizerTrainConfig:
     """Settings for training one sentencepiece model."""
@@ -323,8 +346,8 @@ class TokenizerTrainConfig:
             raise TfmError(f"tokenizer model type must be 'unigram' or 'bpe', got {self.model_type!r}")
         if self.normalization not in ("identity", "nmt_nfkc"):
             raise TfmError(f"normalization must be 'identity' or 'nmt_nfkc', got {self.normalization!r}")
-        if self.vocab_size < 8:
-            raise TfmError(f"vocab size must be at least 8, got {self.vocab_size}")
+        if not 8 <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise TfmError(f"vocab size must be between 8 and {MAX_VOCAB_SIZE:,}, got {self.vocab_size:,}")
         if not 0.0 < self.character_coverage <= 1.0:
             raise TfmError(f"character coverage must be in (0, 1], got {self.character_coverage}")
         if self.input_sentence_size < 0:
@@ -542,6 +565,16 @@ def load_recipe(
 
     Returns the validated Recipe; raises TfmError naming the file or key at fault.
     """
+    return recipe_from_dict(recipe_values(path, overrides, saved, cwd))
+
+
+def recipe_values(
+    path: Path | None, overrides: list[str], saved: dict[str, Any] | None = None, cwd: Path | None = None
+) -> dict[str, Any]:
+    """load_recipe's nested data before validation: only the keys the file (or `saved`) and overrides set.
+
+    `tfm train --init` checks these against the checkpoint before any default is filled in.
+    """
     if path is not None:
         values = read_recipe_file(path)
     elif saved is not None:
@@ -549,4 +582,4 @@ def load_recipe(
     else:
         raise TfmError("no recipe: give a recipe file (or --resume a run that has one)")
     apply_overrides(values, overrides, cwd or Path.cwd())
-    return recipe_from_dict(values)
+    return values

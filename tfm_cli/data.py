@@ -25,6 +25,21 @@ CACHE_VERSION = 1
 
 
 @dataclass(frozen=True)
+class SpecialIds:
+    """The ids a corpus ends its sentences with (eos), and batches start decoder input with (bos) and pad
+    with (pad): the model config's own (tfm's fixed ones by default; an --init'd run uses its checkpoint's)."""
+
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+
+    @classmethod
+    def of(cls, config) -> SpecialIds:
+        """The special ids of a model config (anything with pad_id, bos_id and eos_id attributes)."""
+        return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
+
+
+@dataclass(frozen=True)
 class TextFile:
     """The lines of one UTF-8 text file (line endings removed) and the SHA-256 of its bytes."""
 
@@ -114,23 +129,26 @@ class TokenizedCorpus:
         return self.tgt_offsets[1:] - self.tgt_offsets[:-1]
 
 
-def flatten(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (flat (total,) int32 with EOS after each, offsets (N + 1,) int64)."""
+def flatten(sequences: list[list[int]], eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (flat (total,) int32 with `eos_id` after each, offsets (N + 1,) int64)."""
     lengths = torch.tensor([len(s) + 1 for s in sequences], dtype=torch.int64)
     offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=offsets[1:])
-    flat = [token for sequence in sequences for token in (*sequence, EOS_ID)]
+    flat = [token for sequence in sequences for token in (*sequence, eos_id)]
     return torch.tensor(flat, dtype=torch.int32), offsets
 
 
-def tokenize_parallel(text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int) -> TokenizedCorpus:
-    """Encode every pair, skipping (and counting) empty pairs and pairs over `max_length` tokens with EOS."""
+def tokenize_parallel(
+    text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int, eos_id: int = EOS_ID
+) -> TokenizedCorpus:
+    """Encode every pair (each side + `eos_id`), skipping (and counting) empty pairs and pairs over
+    `max_length` tokens with EOS. Returns the kept pairs as a TokenizedCorpus."""
     candidates = [i for i, (s, t) in enumerate(zip(text.src.lines, text.tgt.lines)) if s.strip() and t.strip()]
     src_ids = src_tokenizer.encode_ids_batch([text.src.lines[i] for i in candidates])
     tgt_ids = tgt_tokenizer.encode_ids_batch([text.tgt.lines[i] for i in candidates])
     kept = [k for k in range(len(candidates)) if len(src_ids[k]) < max_length and len(tgt_ids[k]) < max_length]
-    src_tokens, src_offsets = flatten([src_ids[k] for k in kept])
-    tgt_tokens, tgt_offsets = flatten([tgt_ids[k] for k in kept])
+    src_tokens, src_offsets = flatten([src_ids[k] for k in kept], eos_id)
+    tgt_tokens, tgt_offsets = flatten([tgt_ids[k] for k in kept], eos_id)
     stats = FilterStats(
         read=len(text.src.lines),
         kept=len(kept),
@@ -155,11 +173,13 @@ def cache_key(text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Token
 
 
 def load_or_tokenize(
-    text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int, cache_dir: Path, name: str
+    text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int, cache_dir: Path, name: str,
+    eos_id: int = EOS_ID,
 ) -> tuple[TokenizedCorpus, bool]:
     """The tokenized corpus from `cache_dir` if an entry with the same key exists, else tokenize and store it.
 
     Returns (corpus, True if it came from the cache). A damaged cache file is ignored and rewritten.
+    The key leaves `eos_id` out: it is the tokenizer's own EOS, which the tokenizer bytes already fix.
     """
     key = cache_key(text, src_tokenizer, tgt_tokenizer, max_length)
     path = cache_dir / f"{name}-{key[:20]}.safetensors"
@@ -167,7 +187,7 @@ def load_or_tokenize(
         corpus = read_cached(path, key, src_tokenizer.vocab_size, tgt_tokenizer.vocab_size)
         if corpus is not None:
             return corpus, True
-    corpus = tokenize_parallel(text, src_tokenizer, tgt_tokenizer, max_length)
+    corpus = tokenize_parallel(text, src_tokenizer, tgt_tokenizer, max_length, eos_id)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
         "src_tokens": corpus.src_tokens,
@@ -341,24 +361,24 @@ class Batch:
         return Batch(src, tgt_in, tgt_out, target_index, targets, self.indices, self.n_src_tokens)
 
 
-def pad_rows(tokens: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Sentences `rows` (B,) of a flat token tensor, right-padded with PAD_ID: (B, longest) int64."""
+def pad_rows(tokens: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
+    """Sentences `rows` (B,) of a flat token tensor, right-padded with `pad_id`: (B, longest) int64."""
     starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]  # (B,), (B,)
     steps = torch.arange(int(lengths.max()))  # (L,)
     real = steps[None, :] < lengths[:, None]  # (B, L)
     positions = (starts[:, None] + steps[None, :]).clamp(max=tokens.numel() - 1)  # (B, L)
-    return tokens[positions].long().masked_fill(~real, PAD_ID)
+    return tokens[positions].long().masked_fill(~real, pad_id)
 
 
-def collate(corpus: TokenizedCorpus, indices: torch.Tensor) -> Batch:
-    """Pad the sentence pairs `indices` (B,) of `corpus` into a Batch."""
-    src = pad_rows(corpus.src_tokens, corpus.src_offsets, indices)  # (B, S)
-    tgt_out = pad_rows(corpus.tgt_tokens, corpus.tgt_offsets, indices)  # (B, T)
+def collate(corpus: TokenizedCorpus, indices: torch.Tensor, ids: SpecialIds = SpecialIds()) -> Batch:
+    """Pad the sentence pairs `indices` (B,) of `corpus` into a Batch, with the special ids `ids`."""
+    src = pad_rows(corpus.src_tokens, corpus.src_offsets, indices, ids.pad_id)  # (B, S)
+    tgt_out = pad_rows(corpus.tgt_tokens, corpus.tgt_offsets, indices, ids.pad_id)  # (B, T)
     # Decoder input: BOS then the target without its EOS (EOS becomes padding where it ended the row).
-    tgt_in = torch.cat([torch.full((indices.numel(), 1), BOS_ID, dtype=torch.long), tgt_out[:, :-1]], dim=1)
-    tgt_in = tgt_in.masked_fill(tgt_in == EOS_ID, PAD_ID)
+    tgt_in = torch.cat([torch.full((indices.numel(), 1), ids.bos_id, dtype=torch.long), tgt_out[:, :-1]], dim=1)
+    tgt_in = tgt_in.masked_fill(tgt_in == ids.eos_id, ids.pad_id)
     flat = tgt_out.view(-1)  # (B * T,)
-    target_index = (flat != PAD_ID).nonzero().squeeze(1)
+    target_index = (flat != ids.pad_id).nonzero().squeeze(1)
     n_src_tokens = int(corpus.src_offsets[indices + 1].sum() - corpus.src_offsets[indices].sum())
     return Batch(src, tgt_in, tgt_out, target_index, flat[target_index], indices, n_src_tokens)
 

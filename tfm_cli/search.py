@@ -18,6 +18,7 @@ import torch
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.decoding import StepDecoder, TransformerDecoder
+from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 
 
@@ -42,17 +43,22 @@ class Hypothesis:
         return self.score / length_penalty(len(self.tokens) + 1, alpha)
 
 
-def banned_tokens(decoder: StepDecoder, no_unk: bool = False) -> torch.Tensor:
+def banned_tokens(decoder: StepDecoder, no_unk: bool = False, banned_ids: tuple[int, ...] = ()) -> torch.Tensor:
     """(V,) bool over the target vocabulary: the tokens no search may ever generate.
 
     Padding and BOS are never outputs (a model still gives them some probability: their pieces
     would vanish from the text but count in the score); with `no_unk`, neither is UNK (as Marian's
-    and fairseq's --no-unk / --unkpen).
+    and fairseq's --no-unk / --unkpen); nor is any of `banned_ids` (an imported model's bad_words_ids).
+    Raises TfmError for a banned id outside the vocabulary.
     """
     banned = torch.zeros(decoder.vocab_size, dtype=torch.bool)
     banned[[decoder.pad_id, decoder.bos_id]] = True
     if no_unk:
         banned[decoder.unk_id] = True
+    outside = [token for token in banned_ids if token >= decoder.vocab_size]
+    if outside:
+        raise TfmError(f"banned token id {outside[0]} is outside the target vocabulary ({decoder.vocab_size} ids)")
+    banned[list(banned_ids)] = True
     return banned
 
 
@@ -114,7 +120,7 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
     """
     eos = decoder.eos_id
     beam, alpha = config.beam_size, config.length_penalty
-    banned = banned_tokens(decoder, config.no_unk)
+    banned = banned_tokens(decoder, config.no_unk, config.banned_ids)
     n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
@@ -230,7 +236,7 @@ def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int])
     """
     eos = decoder.eos_id
     per_sentence = config.nbest
-    banned = banned_tokens(decoder, config.no_unk)
+    banned = banned_tokens(decoder, config.no_unk, config.banned_ids)
     decoder.start(per_sentence, grouped=False)  # samples end one by one
     max_lengths = torch.tensor(decoder.max_lengths(config.max_len_a, config.max_len_b))
     n_rows = decoder.n_sentences * per_sentence

@@ -66,7 +66,7 @@ def train_sentencepiece(
         options["shuffle_input_sentence"] = True
     try:
         spm.SentencePieceTrainer.train(**options)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:
         # The usual cause is a vocab size larger than the text supports; sentencepiece says so.
         message = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
         raise TfmError(f"sentencepiece training failed: {message}") from None
@@ -109,6 +109,11 @@ class Tokenizer:
         """Load a `.model` file written by `tfm tokenize train`."""
         check_input_file(path, "a sentencepiece .model")
         return cls(path.read_bytes(), origin=str(path))
+
+    @property
+    def vocabulary(self) -> None:
+        """None: the ids are the sentencepiece model's own (vocabulary.MappedTokenizer has a table instead)."""
+        return None
 
     @property
     def vocab_size(self) -> int:

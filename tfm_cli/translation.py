@@ -110,7 +110,11 @@ class OutputFormat:
 
 
 class Translator:
-    """Translates chunks of raw lines with one loaded model (tokenize, batch, search, detokenize)."""
+    """Translates chunks of raw lines with one loaded model (tokenize, batch, search, detokenize).
+
+    `source_prefix` ids go before every source's own ids: a multilingual Marian model's `>>xx<<`
+    target-language tag (vocabulary.language_tag_id). Word alignments leave them out.
+    """
 
     def __init__(
         self,
@@ -118,17 +122,19 @@ class Translator:
         decode: DecodeConfig,
         batching: BatchingConfig,
         alignment: AlignmentConfig | None = None,
+        source_prefix: tuple[int, ...] = (),
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.decode = decode
         self.batching = batching
         self.alignment = alignment
+        self.source_prefix = list(source_prefix)
         self.device = next(self.model.parameters()).device
         if alignment is not None:
             alignment.check(self.model.config.n_dec_layers, self.model.config.n_heads)
-        # Sources are fed as ids + [EOS] and must fit the positional table.
-        self.max_src_ids = self.model.config.max_positions - 1
+        # Sources are fed as prefix + ids + [EOS] and must fit the positional table.
+        self.max_src_ids = self.model.config.max_positions - 1 - len(self.source_prefix)
 
     def translate_chunk(self, lines: list[str], first_index: int, stats: TranslationStats) -> list[TranslatedLine]:
         """Translate `lines` (line `first_index` onwards); returns one TranslatedLine per line, in order."""
@@ -147,7 +153,7 @@ class Translator:
                 results[i].truncated = True
                 stats.truncated_lines += 1
             if ids:
-                sources[i] = ids
+                sources[i] = self.source_prefix + ids
             else:
                 stats.unencodable_lines += 1
         for batch, hypotheses in search_batches(self.model, sources, self.decode, self.batching, first_index):
@@ -200,14 +206,15 @@ class Translator:
         attention = decoded.cross_attention[layer]  # (R, H, T, S)
         attention = attention.mean(1) if head is None else attention[:, head]
         attention = attention.float().cpu()  # (R, T, S)
-        src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i]] for i in batch}
+        skip = len(self.source_prefix)  # the prefix columns are no source words
+        src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i][skip:]] for i in batch}
         for row, (i, output) in enumerate(rows):
             line = results[i]
             src_spans = word_spans(src_pieces[i])
             if line.src_words is None:
                 line.src_words = word_char_offsets(line.source)[: len(src_spans)]
-            # Rows: the output pieces (EOS row dropped); columns: the source pieces (EOS column dropped).
-            matrix = attention[row, : len(output.pieces), : len(sources[i])]
+            # Rows: the output pieces (EOS row dropped); columns: the source pieces (prefix and EOS dropped).
+            matrix = attention[row, : len(output.pieces), skip : len(sources[i])]
             words = merge_to_words(matrix, word_spans(output.pieces), src_spans)
             output.alignment = hard_alignment(words)
             output.words = word_char_offsets(output.text)

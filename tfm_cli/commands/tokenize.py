@@ -57,10 +57,10 @@ SIDE_HELP = "With a checkpoint: which side's tokenizer to use (src or tgt)."
 
 
 def load_tokenizer(model: str, side: str):
-    """Load a Tokenizer from a .model file, or from a checkpoint's embedded bytes for `side`."""
+    """Load a Tokenizer from a .model file, or a checkpoint's own tokenizer for `side`."""
     from tfm_cli.tokenizer import Tokenizer
 
-    from tfm_cli.checkpoint import is_safetensors_file, read_checkpoint
+    from tfm_cli.checkpoint import checkpoint_tokenizers, is_safetensors_file, read_checkpoint
     from tfm_cli.textio import as_regular_file, check_input_file
 
     if side not in ("src", "tgt"):
@@ -69,11 +69,10 @@ def load_tokenizer(model: str, side: str):
     with as_regular_file(path) as regular:  # a pipe is read once, into a temp file
         if model.endswith(".safetensors") or is_safetensors_file(regular):
             try:
-                checkpoint = read_checkpoint(regular)
+                src, tgt = checkpoint_tokenizers(model, read_checkpoint(regular))
             except TfmError as error:
                 raise TfmError(str(error).replace(str(regular), model)) from None
-            data = checkpoint.src_tokenizer_bytes if side == "src" else checkpoint.tgt_tokenizer_bytes
-            return Tokenizer(data, origin=f"{model} ({side} tokenizer)")
+            return src if side == "src" else tgt
         return Tokenizer(regular.read_bytes(), origin=model)
 
 

@@ -12,13 +12,14 @@ import typer
 from tfm_cli.commands.options import apply_threads, device_option, threads_option
 
 from tfm_cli.console import print_info, print_warning, stderr_console
-from tfm_cli.errors import TfmError
 
 EPILOG = (
     "Examples:\n\n"
     "  tfm train recipes/multi30k/de-en.toml --run runs/de-en\n\n"
     "  tfm train recipes/tiny.toml --run runs/tiny --set train.max_steps=200 --set model.dropout=0.2\n\n"
-    "  tfm train --run runs/de-en --resume --set train.max_steps=40000"
+    "  tfm train --run runs/de-en --resume --set train.max_steps=40000\n\n"
+    "  tfm train recipes/tiny.toml --init runs/base/checkpoint_best.safetensors --run runs/tuned "
+    "--set data.train_src=in-domain.de --set data.train_tgt=in-domain.en"
 )
 
 
@@ -189,6 +190,11 @@ def train(
         [], "--set", help="Override a recipe setting: section.key=value (TOML value), e.g. train.max_tokens=2048."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run from its last saved state."),
+    init: Optional[str] = typer.Option(
+        None, "--init",
+        help="Fine-tune: start a new run from this checkpoint's weights, model config and tokenizers (the "
+        "optimizer and step counter start fresh). The recipe may change dropout rates, not the architecture.",
+    ),
     device: str = device_option(),
     threads: int = threads_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or messages on stderr (errors still)."),
@@ -198,19 +204,18 @@ def train(
 ) -> None:
     """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
 
-    from tfm_cli.config import load_recipe
     from tfm_cli.distributed import world_from_env
-    from tfm_cli.training.run_dir import saved_recipe
+    from tfm_cli.training.initialization import load_run_recipe
     from tfm_cli.training.trainer import run_training
 
     apply_threads(ctx, threads)
     run_dir = Path(run)
-    saved = saved_recipe(run_dir) if resume and recipe is None else None
-    if resume and recipe is None and saved is None:
-        raise TfmError(f"{run_dir}: no run to resume here (no config.json); give a recipe to start one")
     if compile_model:
         overrides = [*overrides, "train.compile=true"]
-    resolved = load_recipe(Path(recipe) if recipe is not None else None, overrides, saved=saved)
+    resolved, init_model = load_run_recipe(
+        Path(recipe) if recipe is not None else None, overrides, run_dir, resume,
+        init_path=Path(init) if init is not None else None,
+    )
     from tfm_cli.devices import resolve_device
 
     target_device = resolve_device(device)
@@ -222,7 +227,7 @@ def train(
     stop.install()
     try:
         result = run_training(resolved, run_dir, resume=resume, device=target_device,
-                              on_event=display, should_stop=stop, world=world)
+                              on_event=display, should_stop=stop, world=world, init=init_model)
     finally:
         display.close()
         stop.restore()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -16,6 +17,9 @@ EPILOG = (
     "  cat test.de | tfm translate -m model.safetensors > hyp.en\n\n"
     "  tfm translate -m model.safetensors -i test.de --beam 5 --length-penalty 1.0 --scores\n\n"
     "  echo 'Ein Hund rennt.' | tfm translate -m model.safetensors --alignment --align-head mean --json\n\n"
+    "  echo 'A dog runs.' | tfm translate -m opus-mt-en-roa.safetensors --target-lang fra\n\n"
+    "A model imported with `tfm import` brings its own defaults for --beam, --length-penalty and the "
+    "length limit (its generation config); flags given here override them.\n\n"
     "Scores are natural-log probabilities: the sum over the output tokens, EOS included, divided by "
     "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
     "`tfm score -m MODEL --src SRC --tgt OUT --normalize length --length-penalty ALPHA`."
@@ -47,6 +51,7 @@ def translate(
     temperature: float = typer.Option(1.0, "--temperature", help="With --sample: softmax temperature."),
     seed: int = typer.Option(0, "--seed", help="With --sample: random seed (line i uses seed + i)."),
     no_unk: bool = typer.Option(False, "--no-unk", help="Never output the unknown-word token <unk> (padding and <s> never are)."),
+    target_lang: Optional[str] = typer.Option(None, "--target-lang", help="Multilingual models: the target language xx of the model's >>xx<< tags (prepended to every source)."),
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
     align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
@@ -94,8 +99,14 @@ def translate(
     from tfm_cli.devices import resolve_device
 
     loaded = load_model(model, device=resolve_device(device))
-    translator = Translator(loaded, decode, batching, align)
-    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=length_penalty)
+    decode = with_model_defaults(ctx, decode, loaded.decode_defaults)
+    prefix = ()
+    if target_lang is not None:
+        from tfm_cli.vocabulary import language_tag_id
+
+        prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
+    translator = Translator(loaded, decode, batching, align, source_prefix=prefix)
+    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=decode.length_penalty)
 
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
@@ -136,6 +147,25 @@ def translate(
         f"{stats.output_tokens / max(elapsed, 1e-9):.0f} target tokens/s",
         quiet=quiet,
     )
+
+
+# translate's options for the DecodeConfig fields a checkpoint may bring defaults for (banned_ids has no flag).
+OPTION_OF_FIELD = {"beam_size": "beam", "length_penalty": "length_penalty", "max_len_a": "max_len_a", "max_len_b": "max_len_b"}
+
+
+def with_model_defaults(ctx: typer.Context, decode, model_defaults: dict):
+    """`decode` with the checkpoint's decoding defaults in every field whose flag the user did not give.
+
+    Returns a DecodeConfig (validated again: a model's beam size may be smaller than --nbest).
+    """
+    import dataclasses
+
+    # Compared by name: Typer ships its own copy of Click, whose ParameterSource is not click's.
+    changes = {
+        name: value for name, value in model_defaults.items()
+        if name not in OPTION_OF_FIELD or ctx.get_parameter_source(OPTION_OF_FIELD[name]).name == "DEFAULT"
+    }
+    return dataclasses.replace(decode, **changes) if changes else decode
 
 
 def write_chunks(out, chunks, output_format) -> None:

@@ -13,8 +13,14 @@ from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention
 from tfm_cli.model.dropout import Dropout
 
 
-def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
-    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...). Returns (P, D)."""
+def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...). Returns (P, D) float32.
+
+    layout "halves" holds the same values with the sines in the first ceil(D/2) dimensions and the
+    cosines after them (Marian's table, see halves_sinusoidal_table).
+    """
+    if layout == "halves":
+        return halves_sinusoidal_table(max_positions, d_model)
     positions = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
     frequencies = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
@@ -25,14 +31,31 @@ def sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
     return table
 
 
+def halves_sinusoidal_table(max_positions: int, d_model: int) -> torch.Tensor:
+    """Marian's layout: sin(pos / 10000^(2i/d)) in dims [0, ceil(D/2)), the cosines in the rest. Returns (P, D).
+
+    Computed in float64 and rounded once to float32, as Hugging Face's MarianMT builds it, so an
+    imported model sees the very same positional encodings.
+    """
+    positions = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    exponents = 2 * (torch.arange(d_model, dtype=torch.float64) // 2) / d_model  # (D,): 2i/d for dims 2i, 2i+1
+    angles = positions / torch.pow(10000.0, exponents)  # (P, D)
+    sines = torch.sin(angles[:, 0::2])  # (P, ceil(D/2))
+    cosines = torch.cos(angles[:, 1::2])  # (P, floor(D/2))
+    return torch.cat([sines, cosines], dim=1).to(torch.float32)
+
+
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class FeedForward(nn.Module):
-    """Section 3.3: max(0, x W1 + b1) W2 + b2 (or GELU), the same weights at every position."""
+    """Section 3.3: max(0, x W1 + b1) W2 + b2 (or GELU, or swish), the same weights at every position."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.activation = F.relu if activation == "relu" else F.gelu
+        self.activation = ACTIVATION_FUNCTIONS[activation]
         self.activation_dropout = Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(linear.weight)

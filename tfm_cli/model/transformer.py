@@ -120,14 +120,18 @@ class Transformer(nn.Module):
             # output projection would (every softmax pushes the pad logit). With its gradient zeroed,
             # Adam leaves it at exactly zero, and the pad logit stays 0 (searches never emit it).
             embedding.weight.register_hook(functools.partial(zero_gradient_row, row=config.pad_id))
-        self.register_buffer("positions", sinusoidal_table(config.max_positions, d_model), persistent=False)
+        positions = sinusoidal_table(config.max_positions, d_model, config.sinusoid_layout)
+        self.register_buffer("positions", positions, persistent=False)
         self.embed_dropout = Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_enc_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_dec_layers))
         # Pre-norm leaves the residual stream unnormalised, so it needs one final LayerNorm per stack.
         self.encoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
         self.decoder_norm = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        self.output_proj = Linear(d_model, config.tgt_vocab_size, bias=False)
+        # Marian models add a learned bias to the logits (final_logits_bias); tfm's own have none.
+        self.output_proj = Linear(d_model, config.tgt_vocab_size, bias=config.output_bias)
+        if config.output_bias:
+            nn.init.zeros_(self.output_proj.bias)
         if config.share_embeddings or config.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
         else:

@@ -7,6 +7,7 @@ events.py       what the loop reports to its caller (the CLI renders them)
 log_window.py   the running sums of one log interval (losses of applied updates, tokens/s)
 state.py        the exact-resume state: counters, optimizer moments, RNG states (never pickled)
 run_dir.py      the run directory: file names, checkpoint naming, checks, metrics.jsonl
+initialization.py  --init: a run from a checkpoint's weights, model config and tokenizers; recipe checks
 preparation.py  run folder checks, text, tokenizers and the tokenized cache, rank 0 first
 trainer.py      the Trainer loop and run_training, the entry point
 

@@ -11,20 +11,22 @@ from pathlib import Path
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.config import Recipe
+from tfm_cli.config import ModelConfig, Recipe
 from tfm_cli.data import ParallelText, TokenizedCorpus, count_tokens, load_or_tokenize, read_parallel
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import make_folder, remove_stale_temp_files
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 from tfm_cli.training.events import DataEvent, Event, PhaseEvent
+from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.run_dir import CACHE_DIR, CACHE_FILES, RUN_FILES, check_run_dir
 
 
 @dataclass
 class PreparedData:
-    """Everything the loop needs from the data side."""
+    """Everything the loop needs from the data side, and the model config that fits its tokenizers."""
 
+    model_config: ModelConfig
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     train: TokenizedCorpus
@@ -59,25 +61,35 @@ def prepare_tokenizers(
     return loaded["src"], loaded["tgt"]
 
 
-def prepare_data(recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None]) -> PreparedData:
-    """Read and check all text first (line counts, UTF-8), then tokenizers, then the tokenized corpora."""
+def prepare_data(
+    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None], init: InitModel | None = None
+) -> PreparedData:
+    """Read and check all text first (line counts, UTF-8), then tokenizers, then the tokenized corpora.
+
+    A run started with --init (`init`) takes its tokenizers and model config from that checkpoint.
+    """
     data = recipe.data
     on_event(PhaseEvent("reading the parallel text"))
     train_text = read_parallel(data.train_src, data.train_tgt, "training")
     valid_text = read_parallel(data.valid_src, data.valid_tgt, "validation") if data.valid_src else None
-    src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, train_text, on_event)
-    if recipe.model.share_embeddings and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
-        raise TfmError(
-            "model.share_embeddings needs one joint sentencepiece model for both sides "
-            "(tokenizer.joint = true, or no tokenizer.tgt_model)"
-        )
+    if init is not None:
+        src_tokenizer, tgt_tokenizer = init.src_tokenizer, init.tgt_tokenizer
+        model_config = init.model_config(recipe.model)
+    else:
+        src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, train_text, on_event)
+        if recipe.model.share_embeddings and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
+            raise TfmError(
+                "model.share_embeddings needs one joint sentencepiece model for both sides "
+                "(tokenizer.joint = true, or no tokenizer.tgt_model)"
+            )
+        model_config = recipe.model_config(src_tokenizer.vocab_size, tgt_tokenizer.vocab_size)
     corpora = {}
     for name, text in (("train", train_text), ("valid", valid_text)):
         if text is None:
             continue
         on_event(PhaseEvent(f"tokenizing the {name} data"))
         corpus, cached = load_or_tokenize(
-            text, src_tokenizer, tgt_tokenizer, data.max_length, run_dir / CACHE_DIR, name
+            text, src_tokenizer, tgt_tokenizer, data.max_length, run_dir / CACHE_DIR, name, model_config.eos_id
         )
         src_tokens, tgt_tokens = count_tokens(corpus)
         on_event(DataEvent(name, corpus.stats, data.max_length, cached, src_tokens, tgt_tokens))
@@ -88,11 +100,12 @@ def prepare_data(recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable
     if valid is not None and len(valid) == 0:
         raise TfmError(f"no validation pairs left after filtering {data.valid_src} / {data.valid_tgt}")
     references = [valid_text.tgt.lines[i] for i in valid.line_numbers.tolist()] if valid is not None else []
-    return PreparedData(src_tokenizer, tgt_tokenizer, corpora["train"], valid, references)
+    return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references)
 
 
 def prepare_on_rank0_first(
-    recipe: Recipe, run_dir: Path, resume: bool, device: torch.device, world: World, on_event: Callable[[Event], None]
+    recipe: Recipe, run_dir: Path, resume: bool, device: torch.device, world: World, on_event: Callable[[Event], None],
+    init: InitModel | None = None,
 ) -> PreparedData:
     """prepare_run on rank 0, which then tells the other ranks whether it worked; they prepare after it.
 
@@ -101,7 +114,7 @@ def prepare_on_rank0_first(
     """
     if world.is_main:
         try:
-            data = prepare_run(recipe, run_dir, resume, world, on_event)
+            data = prepare_run(recipe, run_dir, resume, world, on_event, init)
         except BaseException as error:
             message = str(error) if isinstance(error, TfmError) else f"{type(error).__name__}: {error}"
             with contextlib.suppress(Exception):  # rank 0's own error is the one to report
@@ -112,11 +125,12 @@ def prepare_on_rank0_first(
     failure = distributed.broadcast_text(None, world, device)
     if failure is not None:
         raise TfmError(f"rank 0 failed while preparing the data: {failure}")
-    return prepare_run(recipe, run_dir, resume, world, on_event)
+    return prepare_run(recipe, run_dir, resume, world, on_event, init)
 
 
 def prepare_run(
-    recipe: Recipe, run_dir: Path, resume: bool, world: World, on_event: Callable[[Event], None]
+    recipe: Recipe, run_dir: Path, resume: bool, world: World, on_event: Callable[[Event], None],
+    init: InitModel | None = None,
 ) -> PreparedData:
     """Check the run directory, then prepare_data; ranks other than 0 reuse rank 0's tokenizers and cache."""
     check_run_dir(recipe, run_dir, resume)
@@ -127,4 +141,4 @@ def prepare_run(
             names = ", ".join(path.name for path in stale)
             on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
     make_folder(run_dir, "run folder")
-    return prepare_data(recipe, run_dir, resume or not world.is_main, on_event)
+    return prepare_data(recipe, run_dir, resume or not world.is_main, on_event, init)

@@ -76,7 +76,8 @@ def saved_init(run_dir: Path) -> dict[str, str] | None:
     init = saved.get("init") if isinstance(saved, dict) else None
     if init is None:
         return None
-    if not (isinstance(init, dict) and set(init) == {"path", "sha256"} and all(isinstance(v, str) for v in init.values())):
+    well_formed = isinstance(init, dict) and set(init) == {"path", "sha256"}
+    if not (well_formed and all(isinstance(value, str) for value in init.values())):
         raise TfmError(f"{path}: damaged run config (init is not a {{path, sha256}} object); start a new --run")
     return init
 

@@ -13,15 +13,16 @@ from typing import Any
 import torch
 
 from tfm_cli import __version__, distributed
-from tfm_cli.checkpoint import Checkpoint, encode_checkpoint, model_weights
+from tfm_cli.checkpoint import encode_checkpoint, make_checkpoint, model_weights
 from tfm_cli.config import Recipe, config_to_dict
-from tfm_cli.data import Batch, EpochSampler, collate
+from tfm_cli.data import Batch, EpochSampler, SpecialIds, collate
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.textio import atomic_write_bytes
 from tfm_cli.training.log_window import LogWindow
-from tfm_cli.training.events import Event, LogEvent, SaveEvent, StartEvent, StepEvent, ValidEvent
+from tfm_cli.training.events import Event, LogEvent, PhaseEvent, SaveEvent, StartEvent, StepEvent, ValidEvent
+from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.objective import LossModule, learning_rate
 from tfm_cli.training.preparation import PreparedData, prepare_on_rank0_first
 from tfm_cli.training.run_dir import (
@@ -67,15 +68,22 @@ class Trainer:
         device: torch.device,
         on_event: Callable[[Event], None],
         world: World = World(),
+        init: InitModel | None = None,
     ) -> None:
         config = recipe.train
         self.recipe, self.config, self.run_dir, self.data, self.device = recipe, config, run_dir, data, device
         self.on_event = on_event
         self.world = world
-        self.model_config = recipe.model_config(data.src_tokenizer.vocab_size, data.tgt_tokenizer.vocab_size)
+        self.init = init
+        self.model_config = data.model_config
+        self.special_ids = SpecialIds.of(self.model_config)
         # The model's initial weights come from the run's seed, so a run is reproducible end to end.
         torch.manual_seed(config.seed)
-        self.model = Transformer(self.model_config).to(device).train()
+        self.model = Transformer(self.model_config)
+        if init is not None:
+            # Fine-tuning (--init) starts from the checkpoint's weights; the optimizer state starts fresh.
+            self.model.load_state_dict(init.state)
+        self.model = self.model.to(device).train()
         self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing)
         if world.distributed:
             # Every rank built the same initial weights from the seed; dropout must differ between ranks.
@@ -110,7 +118,7 @@ class Trainer:
         counters = self.counters
         while True:
             rows, counters.epoch, counters.batch_in_epoch = self.sampler.update(counters.epoch, counters.batch_in_epoch)
-            yield [collate(self.data.train, indices).to(self.device) for indices in rows]
+            yield [collate(self.data.train, indices, self.special_ids).to(self.device) for indices in rows]
 
     def updates_per_epoch(self) -> int:
         """Optimizer updates in one epoch (the same in every epoch)."""
@@ -133,22 +141,26 @@ class Trainer:
         if self.last_valid is not None:
             valid = {"loss": self.last_valid.loss, "ppl": self.last_valid.ppl, "bleu": self.last_valid.bleu,
                      "bleu_signature": self.last_valid.bleu_signature}
-        return {
+        provenance = {
             "tfm_version": __version__,
             "step": self.counters.step,
             "epoch": self.counters.epoch,
             "recipe": self.recipe.to_dict(),
             "valid": valid,
         }
+        if self.init is not None:
+            provenance["init"] = self.init.record.to_dict()
+        return provenance
 
     def checkpoint_bytes(self) -> bytes:
-        """The current weights as a self-contained checkpoint (see tfm_cli.checkpoint)."""
-        checkpoint = Checkpoint(
-            config=self.model_config,
-            weights=model_weights(self.model),
-            src_tokenizer_bytes=self.data.src_tokenizer.model_bytes,
-            tgt_tokenizer_bytes=self.data.tgt_tokenizer.model_bytes,
-            provenance=self.provenance(),
+        """The current weights as a self-contained checkpoint (see tfm_cli.checkpoint).
+
+        A run started with --init passes on its checkpoint's decoding defaults (an imported model's
+        generation settings): the fine-tuned model decodes as the original did unless flags say otherwise.
+        """
+        checkpoint = make_checkpoint(
+            self.model_config, model_weights(self.model), self.data.src_tokenizer, self.data.tgt_tokenizer,
+            self.provenance(), self.init.decode_defaults if self.init is not None else None,
         )
         return encode_checkpoint(checkpoint)
 
@@ -179,12 +191,17 @@ class Trainer:
         self.on_event(SaveEvent(self.counters.step, [str(step_path), str(last_path)]))
 
     def write_config(self) -> None:
-        """Write the resolved recipe, model config and tokenizer origin to config.json in the run directory."""
+        """Write the resolved recipe, model config and tokenizer origin to config.json in the run directory.
+
+        A run started with --init records the checkpoint it started from under `init` (path, sha256).
+        """
         record = {
             "tfm_version": __version__,
             "recipe": self.recipe.to_dict(),
             "model_config": config_to_dict(self.model_config),
         }
+        if self.init is not None:
+            record["init"] = self.init.record.to_dict()
         atomic_write_bytes(self.run_dir / CONFIG_FILE, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
 
     # -- validation ------------------------------------------------------------------------------
@@ -359,8 +376,12 @@ def run_training(
     on_event: Callable[[Event], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     world: World = World(),
+    init: InitModel | None = None,
 ) -> TrainResult:
     """Train `recipe` in `run_dir` (created if needed), or continue it with `resume`.
+
+    A run started from a checkpoint (`tfm train --init`; initialization.load_run_recipe) passes its
+    InitModel as `init`, on resume too: model config, tokenizers and first weights come from it.
 
     Reads and checks the data first, trains or loads the tokenizers, caches the tokenized data in
     run_dir/cache, then trains until a limit or `should_stop()`. Returns how it ended.
@@ -371,7 +392,7 @@ def run_training(
     device = distributed.rank_device(world, torch.device(device))
     distributed.init_process_group(world, device, recipe.train.dist_timeout)
     try:
-        return train_in_world(recipe, Path(run_dir), resume, device, on_event, should_stop, world)
+        return train_in_world(recipe, Path(run_dir), resume, device, on_event, should_stop, world, init)
     finally:
         distributed.destroy_process_group(world)
 
@@ -384,6 +405,7 @@ def train_in_world(
     on_event: Callable[[Event], None] | None,
     should_stop: Callable[[], bool] | None,
     world: World,
+    init: InitModel | None = None,
 ) -> TrainResult:
     """run_training once the process group (if any) is up."""
     on_event = (on_event if world.is_main else None) or (lambda event: None)
@@ -391,8 +413,13 @@ def train_in_world(
     config = recipe.train
     if config.precision in ("bf16", "fp16") and device.type != "cuda":
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
-    data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event)
-    trainer = Trainer(recipe, run_dir, data, device, on_event, world)
+    data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event, init)
+    trainer = Trainer(recipe, run_dir, data, device, on_event, world, init)
+    if init is not None and not resume:
+        on_event(PhaseEvent(
+            f"initialised from {init.record.path} (sha256 {init.record.sha256[:12]}...); optimizer state and "
+            "step counter start fresh"
+        ))
     # Every rank counts the batches here, so fewer batches than ranks stops them all before training.
     updates_per_epoch = trainer.updates_per_epoch()
     if resume:

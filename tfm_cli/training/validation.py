@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tfm_cli.config import DecodeConfig, TrainConfig
-from tfm_cli.data import TokenizedCorpus, batch_indices, collate
+from tfm_cli.data import SpecialIds, TokenizedCorpus, batch_indices, collate
 from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import packed_weights
 from tfm_cli.tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def validate(
     n_tokens = 0
     with packed_weights(model), torch.inference_mode(), autocast(settings):
         for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
-            batch = collate(corpus, indices).to(device)
+            batch = collate(corpus, indices, SpecialIds.of(model.config)).to(device)
             loss, nll = batch_loss(model, batch, config.label_smoothing)
             loss_sum += float(loss)
             nll_sum += float(nll)
