@@ -172,3 +172,19 @@ def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout):
     first, second = run_cli(["translate", "-m", model, *options], input=text), run_cli(["translate", "-m", imported, *options], input=text)
     assert first.exit_code == 0 and second.exit_code == 0, first.stderr + second.stderr
     assert first.stdout == second.stdout and first.stdout.count("\n") == len(SENTENCES)
+
+
+def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm, tmp_path):
+    import json
+
+    model = random_checkpoint(small_spm, tmp_path, seed=4, sinusoid_layout="halves")
+    export(model, "marian", tmp_path / "first")
+    imported = tmp_path / "imported.safetensors"
+    assert run_cli(["import", tmp_path / "first", "-o", imported, "-q"]).exit_code == 0
+    export(imported, "marian", tmp_path / "second")
+    for name in ("config.json", "generation_config.json", "vocab.json", "tokenizer_config.json"):
+        first = json.loads((tmp_path / "first" / name).read_text())
+        assert json.loads((tmp_path / "second" / name).read_text()) == first, name
+    generation = json.loads((tmp_path / "first" / "generation_config.json").read_text())
+    assert generation["num_beams"] == 5 and generation["length_penalty"] == 0.6  # tfm's defaults travel
+    assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "second" / "model.safetensors").read_bytes()

@@ -494,7 +494,7 @@ def test_imported_checkpoint_layout(imported):
 
 @pytest.mark.parametrize("decode_defaults, fragment", [
     ("[1]", "decode_defaults is not a JSON object"),
-    ('{"beam_size": 0}', "beam size must be at least 1"),
+    ('{"beam_size": 0}', "beam size must be between 1 and 1024"),
     ('{"temperature": 2.0}', "unknown key 'temperature'"),
     ('{"banned_ids": [100000]}', "banned id 100000 is outside the target vocabulary"),
 ])

@@ -146,3 +146,36 @@ def test_a_checkpoint_through_a_pipe_is_a_checkpoint(tmp_path, random_checkpoint
     )
     assert process.returncode == 0, process.stderr.decode()
     assert "Traceback" not in process.stderr.decode()
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_short_write_to_stdout_is_an_error_even_unbuffered(tmp_path, small_spm, unbuffered):
+    # A file-size limit (ulimit -f; Python ignores SIGXFSZ, so writes fail with EFBIG) reached inside
+    # a line: unbuffered, Python's text layer would drop the rest of the line and exit 0.
+    source = tmp_path / "in.txt"
+    source.write_text("a " * 2500 + "\n")
+    command = (f'ulimit -f 1; PYTHONUNBUFFERED={unbuffered} "{sys.executable}" -m tfm_cli tokenize encode '
+               f'-m "{small_spm}" -i "{source}" > "{tmp_path / "out.txt"}"')
+    process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
+    stderr = process.stderr.decode()
+    assert process.returncode == 1, stderr
+    assert stderr.strip() == "error: <stdout>: File too large; nothing more was written"
+
+
+def test_translate_with_stdin_closed_is_one_error_line(random_checkpoint):
+    command = f'"{sys.executable}" -m tfm_cli translate -m "{random_checkpoint}" -b 1 <&-'
+    process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
+    assert process.returncode == 1
+    assert process.stderr.decode().strip() == "error: stdin is closed; give the input file with -i FILE"
+
+
+@pytest.mark.parametrize("command", [
+    "tokenize encode -m {spm} -o {loop}", "tokenize encode -m {spm} -i {loop}", "average {model} -o {loop}",
+])
+def test_a_symbolic_link_loop_is_named(tmp_path, small_spm, random_checkpoint, command):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    args = command.format(spm=small_spm, model=random_checkpoint, loop=loop).split()
+    result = run_cli(args, input="a b\n")
+    assert result.exit_code == 1 and result.stderr.count("error:") == 1, result.stderr
+    assert f"{loop}: a symbolic link" in result.stderr and "loop" in result.stderr

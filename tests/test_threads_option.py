@@ -1,4 +1,4 @@
-"""--threads, shared by every command that runs the model: refused below 0, restored afterwards."""
+"""--threads, shared by every command that runs the model: refused below 0 and above 1024, restored afterwards."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from conftest import REPO_ROOT, run_cli
 def test_a_negative_thread_count_is_one_error_naming_the_option(command):
     result = run_cli([*command, "--threads", "-4"], input="a b\n")
     assert result.exit_code == 1
-    assert result.stderr.strip() == "error: --threads must be >= 0, got -4"
+    assert result.stderr.strip() == "error: --threads must be between 0 (the default) and 1024, got -4"
 
 
 def test_an_in_process_command_leaves_the_callers_thread_count_alone(tmp_path, letters):

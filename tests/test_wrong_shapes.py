@@ -185,3 +185,40 @@ def test_a_metrics_file_with_bytes_that_are_not_utf8_does_not_stop_a_resume(tmp_
     result = run_cli(["train", TINY, "--run", run, "--resume", "--threads", "1", "-q",
                       *letter_settings(letters, **{"train.max_steps": 3})])
     assert result.exit_code == 0, result.stderr
+
+
+def test_a_file_where_the_run_keeps_its_cache_is_named(tmp_path, letters):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cache").write_text("not a folder\n")
+    result = run_cli(["train", TINY, "--run", run, *letter_settings(letters, **{"train.max_steps": 1})])
+    assert_one_error(result, f"{run / 'cache'}: is a file, not a folder")
+
+
+def test_a_folder_named_config_json_is_not_taken_for_a_missing_run(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "config.json").unlink()
+    (run / "config.json").mkdir()
+    result = run_cli(["train", "--run", run, "--resume"])
+    assert_one_error(result, f"{run / 'config.json'}: is not a file")
+
+
+def test_a_recipe_read_from_a_pipe_works(tmp_path, letters):
+    import subprocess
+    import sys
+
+    options = " ".join(f"'{item}'" for item in letter_settings(letters, **{"train.max_steps": 1}))
+    command = (f'"{sys.executable}" -m tfm_cli train <(cat "{TINY}") --run "{tmp_path / "run"}" --threads 1 -q '
+               f"{options}")
+    process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=300)
+    assert process.returncode == 0, process.stderr.decode()
+    assert (tmp_path / "run" / "checkpoint_last.safetensors").is_file()
+
+
+def test_tokenize_train_names_stdin_not_its_temp_copy(tmp_path):
+    empty = run_cli(["tokenize", "train", "-", "-o", tmp_path / "spm"], input="")
+    assert_one_error(empty, "<stdin>: the file is empty")
+    twice = run_cli(["tokenize", "train", "-", "-", "-o", tmp_path / "spm"], input="a b\n")
+    assert_one_error(twice, "stdin (-) is given more than once")
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ import torch
 
 from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file, check_output_path
+from tfm_cli.textio import check_input_file, check_output_path, resolved
 from tfm_cli.training.run_dir import STEP_CHECKPOINT, step_checkpoints
 
 
@@ -124,7 +124,7 @@ def average_checkpoints(paths: list[Path], on_read: Callable[[Path], None] | Non
 
 def average_to_file(paths: list[Path], output: Path, on_read: Callable[[Path], None] | None = None) -> Checkpoint:
     """Average `paths` and write the result to `output` atomically; returns the written Checkpoint."""
-    if output.resolve() in {path.resolve() for path in paths}:
+    if resolved(output) in {resolved(path) for path in paths}:
         raise TfmError(f"{output}: the output is also an input; choose another output path")
     check_output_path(output)
     averaged = average_checkpoints(paths, on_read)

@@ -6,6 +6,7 @@ Nothing here (or in tfm_cli/commands at import time) imports torch, so `tfm --he
 from __future__ import annotations
 
 import errno
+import io
 import os
 import signal
 import sys
@@ -81,7 +82,7 @@ class TfmGroup(TfmCommandGroup):
             if error.errno not in WRITE_ERRORS | PATH_ERRORS:
                 raise  # anything else is a bug to see, with its traceback
             if error.errno in WRITE_ERRORS:
-                print_error(f"{error.filename or 'output'}: {error.strerror}; nothing more was written")
+                print_error(f"{error.filename or '<stdout>'}: {error.strerror}; nothing more was written")
             else:
                 print_error(f"{error.filename or 'a path'}: {error.strerror}")
             silence_stdout()  # the interpreter's last flush of the failed stdout must not fail again
@@ -143,7 +144,24 @@ def interrupt_on_sigterm(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
+def buffer_unbuffered_stdout() -> None:
+    """Give stdout a buffered binary layer when Python runs unbuffered (PYTHONUNBUFFERED, `python -u`).
+
+    Unbuffered, stdout's text layer writes straight to the raw file, and a short write (a full disk
+    or a file-size limit reached in the middle of a line) loses the rest of the line without an
+    error: the output would end cut short with exit 0. A BufferedWriter writes everything or raises.
+    Line buffering keeps each line going out as soon as it is written.
+    """
+    stdout = sys.stdout
+    if stdout is None or not isinstance(getattr(stdout, "buffer", None), io.RawIOBase):
+        return
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(stdout.buffer), encoding=stdout.encoding, errors=stdout.errors, line_buffering=True
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    buffer_unbuffered_stdout()
     app()

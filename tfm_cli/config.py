@@ -27,6 +27,31 @@ MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 100.0
 SEED_LIMIT = 2**63  # torch generators take seeds in [0, 2**64); one below keeps seed + line number in range
 
 
+INT_LIMIT = 1 << 63
+MAX_DIST_TIMEOUT = 1e7  # seconds (~4 months); torch's timedelta overflows far above
+# Search settings past these are mistakes, and past some of them arithmetic overflows: a beam of
+# 10**20 does not fit a tensor size, ((5 + n) / 6) ** alpha overflows a float for alpha ~ 80.
+MAX_BEAM_SIZE = 1024
+MAX_LENGTH_PENALTY = 10.0
+
+
+def check_search_limits(beam_size: int, max_len_a: float, max_len_b: int, names: tuple[str, str, str]) -> None:
+    """Raise TfmError unless 1 <= beam_size <= MAX_BEAM_SIZE and the length limit a * len + b is finite,
+    >= 0 and at most MAX_POSITIONS (the model caps it lower still). `names` names the three settings."""
+    if not 1 <= beam_size <= MAX_BEAM_SIZE:
+        raise TfmError(f"{names[0]} must be between 1 and {MAX_BEAM_SIZE}, got {beam_size}")
+    if not (math.isfinite(max_len_a) and 0 <= max_len_a <= MAX_POSITIONS):
+        raise TfmError(f"{names[1]} must be between 0 and {MAX_POSITIONS}, got {max_len_a}")
+    if not 0 <= max_len_b <= MAX_POSITIONS:
+        raise TfmError(f"{names[2]} must be between 0 and {MAX_POSITIONS}, got {max_len_b}")
+
+
+def check_length_penalty(alpha: float, key: str) -> None:
+    """Raise TfmError unless `alpha` (GNMT's length penalty exponent) is in [0, MAX_LENGTH_PENALTY]."""
+    if not (math.isfinite(alpha) and 0.0 <= alpha <= MAX_LENGTH_PENALTY):
+        raise TfmError(f"{key} must be between 0 and {MAX_LENGTH_PENALTY}, got {alpha}")
+
+
 def check_seed(seed: int, key: str) -> None:
     """Raise TfmError unless 0 <= seed < SEED_LIMIT (what a torch.Generator accepts, with room to add to it)."""
     if not 0 <= seed < SEED_LIMIT:
@@ -151,14 +176,12 @@ class DecodeConfig:
     banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise TfmError(f"beam size must be at least 1, got {self.beam_size}")
+        check_search_limits(self.beam_size, self.max_len_a, self.max_len_b, ("beam size", "max_len_a", "max_len_b"))
         if self.nbest < 1 or (not self.sample and self.nbest > self.beam_size):
             raise TfmError(f"nbest must be between 1 and the beam size ({self.beam_size}), got {self.nbest}")
-        if self.length_penalty < 0:
-            raise TfmError(f"length penalty alpha must be >= 0, got {self.length_penalty}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise TfmError("max_len_a and max_len_b must be >= 0")
+        if self.sample and self.nbest > MAX_BEAM_SIZE:
+            raise TfmError(f"nbest must be between 1 and {MAX_BEAM_SIZE}, got {self.nbest}")
+        check_length_penalty(self.length_penalty, "length penalty alpha")
         if self.sample_top_k < 0:
             raise TfmError(f"sampling top-k must be >= 0 (0 = no limit), got {self.sample_top_k}")
         if not 0.0 < self.sample_top_p <= 1.0:
@@ -168,8 +191,6 @@ class DecodeConfig:
             raise TfmError(
                 f"sampling temperature must be between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, got {self.temperature}"
             )
-        if not math.isfinite(self.length_penalty) or not math.isfinite(self.max_len_a):
-            raise TfmError("length penalty and max_len_a must be finite numbers")
         check_seed(self.seed, "seed")
         if any(token < 0 for token in self.banned_ids):
             raise TfmError(f"banned token ids must be >= 0, got {list(self.banned_ids)}")
@@ -226,6 +247,11 @@ def check_type(key: str, value: Any, expected: Any) -> Any:
         raise TfmError(f"{key} must be an integer, got {value!r}")
     if not isinstance(value, expected):
         raise TfmError(f"{key} must be of type {expected.__name__}, got {type(value).__name__} {value!r}")
+    # No setting of tfm's means anything at infinity or NaN, or past what a 64-bit integer holds.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TfmError(f"{key} must be a finite number, got {value!r}")
+    if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise TfmError(f"{key} must be between -2**63 and 2**63 - 1, got {value}")
     return value
 
 
@@ -308,8 +334,12 @@ class TrainConfig:
             raise TfmError(f"train.adam_eps must be > 0, got {self.adam_eps}")
         if self.max_bad_steps < 0:
             raise TfmError(f"train.max_bad_steps must be >= 0, got {self.max_bad_steps}")
-        if self.dist_timeout <= 0:
-            raise TfmError(f"train.dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT:
+            raise TfmError(f"train.dist_timeout must be between 0 and {MAX_DIST_TIMEOUT:.0f} seconds, got {self.dist_timeout}")
+        check_search_limits(
+            self.valid_beam_size, self.valid_max_len_a, self.valid_max_len_b,
+            ("train.valid_beam_size", "train.valid_max_len_a", "train.valid_max_len_b"),
+        )
         if self.best_metric not in ("bleu", "loss"):
             raise TfmError(f"train.best_metric must be 'bleu' or 'loss', got {self.best_metric!r}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
@@ -369,6 +399,9 @@ class DataConfig:
     max_length: int = 256
 
     def __post_init__(self) -> None:
+        for name in ("train_src", "train_tgt"):
+            if not getattr(self, name):
+                raise TfmError(f"data.{name} is empty; give the training text file")
         if bool(self.valid_src) != bool(self.valid_tgt):
             raise TfmError("data.valid_src and data.valid_tgt must be given together")
         if self.max_length < 2:
@@ -507,6 +540,8 @@ def expand_path(key: str, value: Any, base: Path) -> Any:
         raise TfmError(f"{key} = {value!r}: environment variable {name} is not set; set it or give a default")
 
     expanded = os.path.expanduser(VARIABLE.sub(substitute, value))
+    if not expanded:
+        return ""  # an empty path stays empty (the section's own check names it), not the recipe's folder
     return str((base / expanded).resolve())
 
 
@@ -524,7 +559,7 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
     """Parse a TOML recipe into nested data with its paths resolved against the recipe's folder."""
     if path.is_dir():
         raise TfmError(f"{path}: is a directory, expected a recipe file (.toml)")
-    if not path.is_file():
+    if not path.exists():
         raise TfmError(f"{path}: no such recipe file")
     try:
         with open(path, "rb") as f:
@@ -533,7 +568,9 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
         raise TfmError(f"{path}: not valid TOML ({error})") from None
     except UnicodeDecodeError:
         raise TfmError(f"{path}: the recipe is not UTF-8 text") from None
-    resolve_paths(values, path.resolve().parent)
+    # Relative paths in a recipe are relative to its folder; a recipe read from a pipe
+    # (`tfm train <(...)`) has none, so they are relative to the working directory.
+    resolve_paths(values, path.resolve().parent if path.is_file() else Path.cwd())
     return values
 
 

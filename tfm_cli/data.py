@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import atomic_write_bytes, check_input_file
+from tfm_cli.textio import atomic_write_bytes, check_input_file, make_folder
 from tfm_cli.tokenizer import Tokenizer
 
 CACHE_VERSION = 1
@@ -160,7 +160,8 @@ def tokenize_parallel(
 
 
 def cache_key(text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int) -> str:
-    """A hex digest of everything the tokenized corpus depends on: file bytes, tokenizer bytes, max_length."""
+    """A hex digest of everything the tokenized corpus depends on: file bytes, tokenizer bytes (and the
+    piece table that numbers an imported model's pieces), max_length."""
     parts = [
         f"v{CACHE_VERSION}",
         text.src.sha256,
@@ -169,6 +170,9 @@ def cache_key(text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Token
         hashlib.sha256(tgt_tokenizer.model_bytes).hexdigest(),
         str(max_length),
     ]
+    for tokenizer in (src_tokenizer, tgt_tokenizer):
+        if tokenizer.vocabulary is not None:
+            parts.append(hashlib.sha256(json.dumps(list(tokenizer.vocabulary)).encode()).hexdigest())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -188,7 +192,7 @@ def load_or_tokenize(
         if corpus is not None:
             return corpus, True
     corpus = tokenize_parallel(text, src_tokenizer, tgt_tokenizer, max_length, eos_id)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(cache_dir, "cache folder")
     tensors = {
         "src_tokens": corpus.src_tokens,
         "src_offsets": corpus.src_offsets,

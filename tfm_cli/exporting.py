@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from tfm_cli.checkpoint import Checkpoint
-from tfm_cli.config import ModelConfig
+from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder
@@ -176,18 +176,24 @@ def never_generated(checkpoint: Checkpoint) -> list[int]:
 def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     """generation_config.json: how tfm decodes this model by default, as far as `generate` can say it.
 
-    tfm's length limit (max_len_a * source length + max_len_b) and GNMT length penalty have no exact
-    `generate` equivalent; the beam size and the never-generated tokens do.
+    The beam size, length penalty exponent and never-generated tokens carry over (`tfm import` reads
+    them back). A fixed length limit (max_len_a = 0, as imported models have) becomes max_length;
+    tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
+    model's position limit stands in for it.
     """
     config = checkpoint.config
+    defaults = {**config_to_dict(DecodeConfig()), **checkpoint.decode_defaults}
+    fixed_limit = defaults["max_len_a"] == 0
     return {
         "decoder_start_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
         "forced_eos_token_id": None,
         "bad_words_ids": [[token] for token in never_generated(checkpoint)],
-        "num_beams": int(checkpoint.decode_defaults.get("beam_size", 5)),
-        "max_length": config.max_positions,
+        "num_beams": int(defaults["beam_size"]),
+        "length_penalty": float(defaults["length_penalty"]),
+        # generate counts the decoder start token and EOS in max_length; tfm's max_len_b counts neither.
+        "max_length": int(defaults["max_len_b"]) + 2 if fixed_limit else config.max_positions,
     }
 
 

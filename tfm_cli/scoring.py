@@ -75,12 +75,8 @@ def build_metrics(options: MetricOptions, sentence_level: bool = False) -> list[
         if name == "bleu":
             try:
                 built.append(BLEU(lowercase=options.lowercase, tokenize=options.tokenize, effective_order=sentence_level))
-            except (ImportError, RuntimeError) as error:
-                # sacrebleu's ja-mecab, ko-mecab, ... tokenizers need packages of their own; its message
-                # ends with the pip command that installs them.
-                lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-                advice = lines[-1] if lines else type(error).__name__
-                raise TfmError(f"--tokenize {options.tokenize} needs a package that is not installed: {advice}") from None
+            except (ImportError, RuntimeError, OSError) as error:
+                raise bleu_tokenizer_error(options.tokenize, error) from None
         elif name in ("chrf", "chrf++"):
             built.append(CHRF(word_order=2 if name == "chrf++" else 0, lowercase=options.lowercase))
         else:
@@ -112,12 +108,28 @@ def metric_details(score: Any) -> dict[str, Any]:
     return details
 
 
-def run_with_sacrebleu_errors(action: Callable[[], Any]) -> Any:
-    """Run a sacrebleu call, turning its missing-extra errors (e.g. ja-mecab) into a TfmError."""
+def bleu_tokenizer_error(name: str | None, error: Exception) -> TfmError:
+    """The one-line error for a sacrebleu BLEU tokenizer that cannot be set up here.
+
+    ja-mecab, ko-mecab, ... need packages of their own (sacrebleu's message ends with the pip command
+    that installs them); flores101/200 download a sentencepiece model on first use.
+    """
+    if isinstance(error, OSError):
+        return TfmError(
+            f"--tokenize {name} downloads its sentencepiece model on first use, which failed ({error}); "
+            "run it once where the network is reachable, or choose another tokenizer"
+        )
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    advice = lines[-1] if lines else type(error).__name__
+    return TfmError(f"--tokenize {name} needs a package that is not installed: {advice}")
+
+
+def run_with_sacrebleu_errors(action: Callable[[], Any], tokenize: str | None = None) -> Any:
+    """Run a sacrebleu call, turning a tokenizer's missing extra or failed download into a TfmError."""
     try:
         return action()
-    except (ImportError, ModuleNotFoundError) as error:
-        raise TfmError(f"sacrebleu needs an extra package for this option: {error}") from None
+    except (ImportError, OSError) as error:
+        raise bleu_tokenizer_error(tokenize, error) from None
 
 
 def corpus_scores(
@@ -129,7 +141,7 @@ def corpus_scores(
     """
     results = []
     for metric in build_metrics(options):
-        score = run_with_sacrebleu_errors(lambda: metric.corpus_score(hypotheses, references))
+        score = run_with_sacrebleu_errors(lambda: metric.corpus_score(hypotheses, references), options.tokenize)
         results.append(
             MetricResult(
                 name=score.name,
@@ -155,7 +167,7 @@ def sentence_scores(
     for metric in metrics:
         for index, hypothesis in enumerate(hypotheses):
             refs = [stream[index] for stream in references]
-            score = run_with_sacrebleu_errors(lambda: metric.sentence_score(hypothesis, refs))
+            score = run_with_sacrebleu_errors(lambda: metric.sentence_score(hypothesis, refs), options.tokenize)
             rows[index].append(float(score.score))
         names.append(metric_name(metric))
     return names, [str(metric.get_signature()) for metric in metrics], rows

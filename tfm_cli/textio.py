@@ -23,9 +23,19 @@ from tfm_cli.errors import TfmError
 STDIO = "-"
 
 
+def resolved(path: Path) -> Path:
+    """`path` with symbolic links followed (as Path.resolve); TfmError for a link loop."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # Python 3.11 raises RuntimeError for a loop, 3.13 OSError (ELOOP)
+        raise TfmError(f"{path}: a symbolic link loop") from None
+
+
 def check_input_file(path: str | Path, what: str = "input") -> Path:
-    """Return `path` as a Path if it is a readable regular file; raise TfmError saying what is wrong."""
+    """Return `path` as a Path if it is a readable file (or pipe, or device); raise TfmError saying what is wrong."""
     path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise TfmError(f"{path}: a symbolic link to nothing (dangling, or a loop) ({what})")
     if not path.exists():
         raise TfmError(f"{path}: no such file ({what})")
     if path.is_dir():
@@ -223,7 +233,7 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     """
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        path = resolved(path)
     if path.is_dir():
         raise TfmError(f"{path}: is a directory, expected an output file path")
     if path.exists() and not path.is_file():

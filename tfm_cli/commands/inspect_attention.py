@@ -64,11 +64,17 @@ def inspect_attention(
     if output_format not in FORMATS:
         raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
     head_index = parse_head(head, "--head")
+    if dims < 1:
+        raise TfmError(f"--dims must be at least 1, got {dims}")
+    if sentence is not None and not sentence.strip():
+        raise TfmError("the SENTENCE is empty; give the source sentence to inspect")
     if png is not None:
         check_png(png, walkthrough)  # before any work: a missing matplotlib must not cost a translation
     if seed_example:
         if not walkthrough:
             raise TfmError("--seed-example goes with --walkthrough")
+        if model is not None or sentence is not None:
+            raise TfmError("--seed-example shows the design document's example: it takes no -m model or SENTENCE")
         from tfm_cli.inspection import seed_walkthrough
 
         with open_output(output) as out:

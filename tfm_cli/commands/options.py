@@ -9,6 +9,8 @@ import typer
 from tfm_cli.errors import TfmError
 
 
+MAX_THREADS = 1024  # far above any machine's cores; a huge count would overflow torch's int
+
 def device_option(scope: str = "") -> Any:
     """The --device option (`scope` prefixes its help, e.g. "With -m: ")."""
     return typer.Option("auto", "--device", help=f"{scope}Torch device: auto (CUDA if available), cpu, cuda or cuda:N.")
@@ -27,8 +29,8 @@ def apply_threads(ctx: typer.Context, threads: int) -> None:
     """
     import torch
 
-    if threads < 0:
-        raise TfmError(f"--threads must be >= 0, got {threads}")
+    if not 0 <= threads <= MAX_THREADS:
+        raise TfmError(f"--threads must be between 0 (the default) and {MAX_THREADS}, got {threads}")
     if threads == 0:
         return
     previous = torch.get_num_threads()

@@ -109,7 +109,7 @@ def score_with_metrics(
                 for r in results
             ]
             out.write(json.dumps(records, indent=1) + "\n")
-        elif output == "-" and sys.stdout.isatty():
+        elif output == "-" and sys.stdout is not None and sys.stdout.isatty():
             rows = [[r.name, f"{r.score:.2f}", details_text(r.summary), r.signature] for r in results]
             stdout_console().print(data_table(["metric", "score", "details", "signature"], rows))
         else:
@@ -166,14 +166,14 @@ def score_with_model(
     import math
 
     from tfm_cli.checkpoint import load_model
+    from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
     from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
     from tfm_cli.textio import iter_lines, open_output, thread_stdin
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
-    if alpha < 0:
-        raise TfmError(f"--length-penalty must be >= 0, got {alpha}")
+    check_length_penalty(alpha, "--length-penalty")
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
     apply_threads(ctx, threads)

@@ -102,6 +102,10 @@ def train(
         normalization=normalization,
         input_sentence_size=input_sentence_size,
     )
+    if inputs.count("-") > 1:
+        raise TfmError("stdin (-) is given more than once; it can be read only once")
+    if "-" in inputs and sys.stdin is None:
+        raise TfmError("stdin is closed; give the text files to learn from")
     if output.endswith("/") or Path(output).is_dir():
         raise TfmError(f"-o {output}: is a folder; -o takes a file prefix, e.g. -o {output.rstrip('/')}/spm")
     prefix = Path(output)
@@ -123,7 +127,13 @@ def train(
                 paths.append(Path(name))
         console = stderr_console(quiet=quiet)
         with console.status(f"training a {model_type} sentencepiece model ({vocab_size} pieces)"):
-            model_path = train_sentencepiece(paths, prefix, config, verbose=verbose)
+            try:
+                model_path = train_sentencepiece(paths, prefix, config, verbose=verbose)
+            except TfmError as error:  # name the input the user gave, not its temp copy
+                message = str(error)
+                for copy, name in zip(paths, inputs):
+                    message = message.replace(str(copy), "<stdin>" if name == "-" else name)
+                raise TfmError(message) from None
     tokenizer = Tokenizer.from_file(model_path)
     print_info(f"wrote {model_path} and {prefix}.vocab: {tokenizer.vocab_size} pieces", quiet=quiet)
 

@@ -11,6 +11,7 @@ import typer
 from tfm_cli.commands.options import apply_threads, device_option, parse_head, threads_option
 
 from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.errors import TfmError
 
 EPILOG = (
     "Examples:\n\n"
@@ -108,6 +109,8 @@ def translate(
     translator = Translator(loaded, decode, batching, align, source_prefix=prefix)
     output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=decode.length_penalty)
 
+    if input == "-" and sys.stdin is None:
+        raise TfmError("stdin is closed; give the input file with -i FILE")
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
     lines = iter_lines(input, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if input == "-" else None)

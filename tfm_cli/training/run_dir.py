@@ -49,6 +49,8 @@ def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
     """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
     check_run_folder_shape(run_dir)
     path = run_dir / CONFIG_FILE
+    if path.exists() and not path.is_file():
+        raise TfmError(f"{path}: is not a file; the run folder is damaged, start a new --run")
     if not path.is_file():
         return None
     try:

@@ -130,6 +130,10 @@ def restore_state(
             saved = tensors.get(f"model.{name}")
             if saved is None or saved.shape != param.shape:
                 raise TfmError(f"{path}: the training state does not match the model ({name}); start a new --run")
+            if saved.dtype != param.dtype:
+                raise damaged(path, f"model.{name} has dtype {saved.dtype}, the model's is {param.dtype}")
+            if not bool(torch.isfinite(saved).all()):
+                raise damaged(path, f"model.{name} holds NaN or infinite values")
             param.copy_(saved)
     template = optimizer.state_dict()
     state = optimizer_state(tensors, model, path)
