@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-
-from conftest import REPO_ROOT, letter_settings, run_cli
+from conftest import REPO_ROOT, letter_settings, rewritten_checkpoint, run_cli
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
@@ -102,13 +99,7 @@ def edit_state(tensors=None, metadata=None, truncate: bool = False):
         if truncate:
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
             return
-        with safe_open(str(path), framework="pt") as f:
-            values, meta = {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata())
-        if tensors:
-            tensors(values)
-        if metadata:
-            metadata(meta)
-        save_file(values, str(path), metadata=meta)
+        rewritten_checkpoint(path, path, metadata=metadata, tensors=tensors)  # any safetensors file will do
     return damage
 
 
@@ -126,7 +117,7 @@ def reshape_first_moment(values: dict[str, torch.Tensor]) -> None:
 
 DAMAGE = [
     ("config not JSON", edit_config(lambda text: text[:40]), "config.json: damaged run config (not JSON)"),
-    ("config a list", edit_config(lambda text: "[1, 2]"), "config.json: damaged run config (no \"recipe\" object)"),
+    ("config a list", edit_config(lambda text: "[1, 2]"), "config.json: damaged run config (not a JSON object)"),
     ("config recipe.model a list", edit_config(lambda text: json.dumps({"recipe": {"model": [1]}})),
      "recipe.model is not an object"),
     ("state truncated", edit_state(truncate=True), "train_state.safetensors: unreadable training state"),

@@ -8,7 +8,6 @@ records in its provenance which files were averaged (name, step, sha256).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file, check_output_path, resolved
+from tfm_cli.textio import check_input_file, check_output_path, file_sha256, resolved
 from tfm_cli.training.run_dir import STEP_CHECKPOINT, step_checkpoints
 
 
@@ -35,15 +34,6 @@ def run_checkpoints(run_dir: Path, last: int) -> list[Path]:
             "(checkpoint_NNNNNNNN.safetensors)"
         )
     return found[-last:]
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_step(path: Path, checkpoint: Checkpoint) -> int | None:

@@ -14,8 +14,18 @@ import sys
 import typer
 
 from tfm_cli import __version__
-from tfm_cli.commands import TfmCommand, TfmCommandGroup
-from tfm_cli.commands import average, export, import_model, inspect_attention, score, tokenize, train, translate
+from tfm_cli.commands import (
+    TfmCommand,
+    TfmCommandGroup,
+    average,
+    export,
+    import_model,
+    inspect_attention,
+    score,
+    tokenize,
+    train,
+    translate,
+)
 from tfm_cli.console import print_error, print_hint
 from tfm_cli.errors import TfmError
 

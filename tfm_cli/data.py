@@ -15,9 +15,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
+from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 from tfm_cli.textio import atomic_write_bytes, check_input_file, make_folder
 from tfm_cli.tokenizer import Tokenizer
 

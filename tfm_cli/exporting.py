@@ -265,26 +265,20 @@ def ctranslate2_spec(checkpoint: Checkpoint, src, tgt):
     if config.norm_first:
         norm(spec.encoder.layer_norm, "encoder_norm")
         norm(spec.decoder.layer_norm, "decoder_norm")
-    for i, layer in enumerate(spec.encoder.layer):
-        prefix = f"encoder_layers.{i}"
-        linear(layer.self_attention.linear[0], f"{prefix}.self_attn.qkv_proj")
-        linear(layer.self_attention.linear[1], f"{prefix}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"{prefix}.self_attn_sublayer.norm")
-        linear(layer.ffn.linear_0, f"{prefix}.ffn.linear1")
-        linear(layer.ffn.linear_1, f"{prefix}.ffn.linear2")
-        norm(layer.ffn.layer_norm, f"{prefix}.ffn_sublayer.norm")
-    for i, layer in enumerate(spec.decoder.layer):
-        prefix = f"decoder_layers.{i}"
-        linear(layer.self_attention.linear[0], f"{prefix}.self_attn.qkv_proj")
-        linear(layer.self_attention.linear[1], f"{prefix}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"{prefix}.self_attn_sublayer.norm")
-        linear(layer.attention.linear[0], f"{prefix}.cross_attn.q_proj")
-        linear(layer.attention.linear[1], f"{prefix}.cross_attn.kv_proj")
-        linear(layer.attention.linear[2], f"{prefix}.cross_attn.out_proj")
-        norm(layer.attention.layer_norm, f"{prefix}.cross_attn_sublayer.norm")
-        linear(layer.ffn.linear_0, f"{prefix}.ffn.linear1")
-        linear(layer.ffn.linear_1, f"{prefix}.ffn.linear2")
-        norm(layer.ffn.layer_norm, f"{prefix}.ffn_sublayer.norm")
+    for stack, layers in (("encoder", spec.encoder.layer), ("decoder", spec.decoder.layer)):
+        for i, layer in enumerate(layers):
+            prefix = f"{stack}_layers.{i}"
+            linear(layer.self_attention.linear[0], f"{prefix}.self_attn.qkv_proj")
+            linear(layer.self_attention.linear[1], f"{prefix}.self_attn.out_proj")
+            norm(layer.self_attention.layer_norm, f"{prefix}.self_attn_sublayer.norm")
+            if stack == "decoder":
+                linear(layer.attention.linear[0], f"{prefix}.cross_attn.q_proj")
+                linear(layer.attention.linear[1], f"{prefix}.cross_attn.kv_proj")
+                linear(layer.attention.linear[2], f"{prefix}.cross_attn.out_proj")
+                norm(layer.attention.layer_norm, f"{prefix}.cross_attn_sublayer.norm")
+            linear(layer.ffn.linear_0, f"{prefix}.ffn.linear1")
+            linear(layer.ffn.linear_1, f"{prefix}.ffn.linear2")
+            norm(layer.ffn.layer_norm, f"{prefix}.ffn_sublayer.norm")
     tied = config.share_embeddings or config.tie_output
     spec.decoder.projection.weight = w["src_embed.weight" if config.share_embeddings else
                                        "tgt_embed.weight" if tied else "output_proj.weight"]

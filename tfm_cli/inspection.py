@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.alignment import Span, hard_alignment, intersect, merge_to_words, transpose_pairs, word_spans
+from tfm_cli.alignment import (
+    Span,
+    hard_alignment,
+    intersect,
+    merge_to_words,
+    transpose_pairs,
+    word_spans,
+)
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
 from tfm_cli.decoding import source_batch

@@ -7,13 +7,11 @@ ModelConfig field or is refused with one line naming it: nothing is converted si
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
-import sentencepiece as spm
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -22,6 +20,8 @@ from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.layers import halves_sinusoidal_table
+from tfm_cli.textio import file_sha256
+from tfm_cli.tokenizer import load_sentencepiece
 
 CONFIG_FILE, GENERATION_FILE, WEIGHTS_FILE = "config.json", "generation_config.json", "model.safetensors"
 SRC_SPM, TGT_SPM, VOCAB_FILE, TGT_VOCAB_FILE = "source.spm", "target.spm", "vocab.json", "target_vocab.json"
@@ -409,26 +409,20 @@ def convert_weights(path: Path, tensors: dict[str, torch.Tensor], config: ModelC
         weights[f"{target}.weight"] = torch.cat([take(f"{s}.weight", (d, d)) for s in sources])
         weights[f"{target}.bias"] = torch.cat([take(f"{s}.bias", (d,)) for s in sources])
 
-    for i in range(config.n_enc_layers):
-        hf, tfm = f"model.encoder.layers.{i}", f"encoder_layers.{i}"
-        fused(f"{tfm}.self_attn.qkv_proj", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{tfm}.self_attn.out_proj", f"{hf}.self_attn.out_proj", (d, d))
-        linear(f"{tfm}.self_attn_sublayer.norm", f"{hf}.self_attn_layer_norm", (d,))
-        linear(f"{tfm}.ffn.linear1", f"{hf}.fc1", (ff, d))
-        linear(f"{tfm}.ffn.linear2", f"{hf}.fc2", (d, ff))
-        linear(f"{tfm}.ffn_sublayer.norm", f"{hf}.final_layer_norm", (d,))
-    for i in range(config.n_dec_layers):
-        hf, tfm = f"model.decoder.layers.{i}", f"decoder_layers.{i}"
-        fused(f"{tfm}.self_attn.qkv_proj", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{tfm}.self_attn.out_proj", f"{hf}.self_attn.out_proj", (d, d))
-        linear(f"{tfm}.self_attn_sublayer.norm", f"{hf}.self_attn_layer_norm", (d,))
-        linear(f"{tfm}.cross_attn.q_proj", f"{hf}.encoder_attn.q_proj", (d, d))
-        fused(f"{tfm}.cross_attn.kv_proj", [f"{hf}.encoder_attn.{p}_proj" for p in "kv"])
-        linear(f"{tfm}.cross_attn.out_proj", f"{hf}.encoder_attn.out_proj", (d, d))
-        linear(f"{tfm}.cross_attn_sublayer.norm", f"{hf}.encoder_attn_layer_norm", (d,))
-        linear(f"{tfm}.ffn.linear1", f"{hf}.fc1", (ff, d))
-        linear(f"{tfm}.ffn.linear2", f"{hf}.fc2", (d, ff))
-        linear(f"{tfm}.ffn_sublayer.norm", f"{hf}.final_layer_norm", (d,))
+    for stack, count in (("encoder", config.n_enc_layers), ("decoder", config.n_dec_layers)):
+        for i in range(count):
+            hf, tfm = f"model.{stack}.layers.{i}", f"{stack}_layers.{i}"
+            fused(f"{tfm}.self_attn.qkv_proj", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
+            linear(f"{tfm}.self_attn.out_proj", f"{hf}.self_attn.out_proj", (d, d))
+            linear(f"{tfm}.self_attn_sublayer.norm", f"{hf}.self_attn_layer_norm", (d,))
+            if stack == "decoder":
+                linear(f"{tfm}.cross_attn.q_proj", f"{hf}.encoder_attn.q_proj", (d, d))
+                fused(f"{tfm}.cross_attn.kv_proj", [f"{hf}.encoder_attn.{p}_proj" for p in "kv"])
+                linear(f"{tfm}.cross_attn.out_proj", f"{hf}.encoder_attn.out_proj", (d, d))
+                linear(f"{tfm}.cross_attn_sublayer.norm", f"{hf}.encoder_attn_layer_norm", (d,))
+            linear(f"{tfm}.ffn.linear1", f"{hf}.fc1", (ff, d))
+            linear(f"{tfm}.ffn.linear2", f"{hf}.fc2", (d, ff))
+            linear(f"{tfm}.ffn_sublayer.norm", f"{hf}.final_layer_norm", (d,))
     if remaining:
         extra = sorted(remaining)
         raise TfmError(
@@ -441,10 +435,7 @@ def convert_weights(path: Path, tensors: dict[str, torch.Tensor], config: ModelC
 def read_sentencepiece(path: Path) -> bytes:
     """The bytes of a sentencepiece model file. Raises TfmError naming `path` if it is not one."""
     data = path.read_bytes()
-    try:
-        spm.SentencePieceProcessor().LoadFromSerializedProto(data)
-    except (RuntimeError, OSError):
-        raise TfmError(f"{path}: not a sentencepiece model") from None
+    load_sentencepiece(data, str(path))
     return data
 
 
@@ -495,12 +486,3 @@ def generation_int(settings: dict[str, Any], name: str, where: str, minimum: int
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TfmError(f"{where}: {name} must be an integer >= {minimum}, got {json.dumps(value)}")
     return value
-
-
-def file_sha256(path: Path) -> str:
-    """The hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -7,6 +7,7 @@ Every command that takes a path goes through here, so `-`, CRLF handling, invali
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -122,6 +123,15 @@ def thread_stdin() -> IO[bytes] | None:
     except (AttributeError, OSError, ValueError):
         return None
     return io.BufferedReader(io.FileIO(fd, "rb", closefd=False))
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_lines(path: str, strict_utf8: bool = True) -> list[str]:

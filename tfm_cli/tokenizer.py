@@ -16,7 +16,13 @@ import sentencepiece as spm
 from tfm_cli.config import TokenizerTrainConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tfm_cli.textio import atomic_write_pair, check_input_file, check_output_path, iter_lines, make_folder
+from tfm_cli.textio import (
+    atomic_write_pair,
+    check_input_file,
+    check_output_path,
+    iter_lines,
+    make_folder,
+)
 
 
 def train_sentencepiece(
@@ -82,16 +88,22 @@ def format_vocab(model_bytes: bytes) -> str:
     return "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in pieces)
 
 
+def load_sentencepiece(model_bytes: bytes, origin: str) -> spm.SentencePieceProcessor:
+    """A SentencePieceProcessor of the serialized model `model_bytes`; TfmError naming `origin` if it is not one."""
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model_bytes)
+    except (RuntimeError, OSError):
+        raise TfmError(f"{origin}: not a sentencepiece model") from None
+    return processor
+
+
 class Tokenizer:
     """A loaded sentencepiece model, with the bytes it came from (so checkpoints can embed it)."""
 
     def __init__(self, model_bytes: bytes, origin: str = "<bytes>") -> None:
         self.model_bytes = model_bytes
-        self.processor = spm.SentencePieceProcessor()
-        try:
-            self.processor.LoadFromSerializedProto(model_bytes)
-        except (RuntimeError, OSError):
-            raise TfmError(f"{origin}: not a sentencepiece model") from None
+        self.processor = load_sentencepiece(model_bytes, origin)
         expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
         found = {
             "pad": self.processor.pad_id(),

@@ -18,11 +18,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tfm_cli.alignment import hard_alignment, merge_to_words, pharaoh, word_char_offsets, word_spans
+from tfm_cli.alignment import (
+    hard_alignment,
+    merge_to_words,
+    pharaoh,
+    word_char_offsets,
+    word_spans,
+)
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
-from tfm_cli.errors import TfmError
 from tfm_cli.decoding import TransformerDecoder, padded_length, source_batch
+from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.search import Hypothesis, search_beams, search_samples
 from tfm_cli.textio import one_line

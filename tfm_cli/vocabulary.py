@@ -11,9 +11,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-import sentencepiece as spm
-
 from tfm_cli.errors import TfmError
+from tfm_cli.tokenizer import load_sentencepiece
 
 if TYPE_CHECKING:
     from tfm_cli.tokenizer import Tokenizer
@@ -35,11 +34,7 @@ class MappedTokenizer:
         self, model_bytes: bytes, pieces: tuple[str, ...], unk_id: int, control_ids: frozenset[int], origin: str = "<bytes>"
     ) -> None:
         self.model_bytes = model_bytes
-        self.processor = spm.SentencePieceProcessor()
-        try:
-            self.processor.LoadFromSerializedProto(model_bytes)
-        except (RuntimeError, OSError):
-            raise TfmError(f"{origin}: not a sentencepiece model") from None
+        self.processor = load_sentencepiece(model_bytes, origin)
         if not 0 <= unk_id < len(pieces):
             raise TfmError(f"{origin}: the unknown-word id {unk_id} is outside the vocabulary ({len(pieces)} pieces)")
         self.pieces = pieces

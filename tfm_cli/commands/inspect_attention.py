@@ -12,8 +12,12 @@ from typing import IO, TYPE_CHECKING, Any, Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, parse_head, threads_option
-
+from tfm_cli.commands.options import (
+    apply_threads,
+    device_option,
+    parse_head,
+    threads_option,
+)
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside

@@ -8,7 +8,6 @@ import typer
 
 from tfm_cli.errors import TfmError
 
-
 MAX_THREADS = 1024  # far above any machine's cores; a huge count would overflow torch's int
 
 def device_option(scope: str = "") -> Any:

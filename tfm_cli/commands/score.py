@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from tfm_cli.commands.options import apply_threads, device_option, threads_option
-
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 
@@ -80,7 +79,12 @@ def score_with_metrics(
     quiet: bool,
 ) -> None:
     """Read hypotheses and references, compute the metrics, and render them."""
-    from tfm_cli.scoring import MetricOptions, check_line_counts, corpus_scores, sentence_scores
+    from tfm_cli.scoring import (
+        MetricOptions,
+        check_line_counts,
+        corpus_scores,
+        sentence_scores,
+    )
     from tfm_cli.textio import open_output, read_lines
 
     names = tuple(name.strip().lower() for name in metrics.split(",") if name.strip())

@@ -58,10 +58,13 @@ SIDE_HELP = "With a checkpoint: which side's tokenizer to use (src or tgt)."
 
 def load_tokenizer(model: str, side: str):
     """Load a Tokenizer from a .model file, or a checkpoint's own tokenizer for `side`."""
-    from tfm_cli.tokenizer import Tokenizer
-
-    from tfm_cli.checkpoint import checkpoint_tokenizers, is_safetensors_file, read_checkpoint
+    from tfm_cli.checkpoint import (
+        checkpoint_tokenizers,
+        is_safetensors_file,
+        read_checkpoint,
+    )
     from tfm_cli.textio import as_regular_file, check_input_file
+    from tfm_cli.tokenizer import Tokenizer
 
     if side not in ("src", "tgt"):
         raise TfmError(f"--side must be 'src' or 'tgt', got {side!r}")
@@ -91,7 +94,7 @@ def train(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
     """Train a sentencepiece model (ids fixed: pad=0 unk=1 bos=2 eos=3)."""
-    from tfm_cli.tokenizer import TokenizerTrainConfig, Tokenizer, train_sentencepiece
+    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     config = TokenizerTrainConfig(
         vocab_size=vocab_size,

@@ -10,7 +10,6 @@ from typing import List, Optional
 import typer
 
 from tfm_cli.commands.options import apply_threads, device_option, threads_option
-
 from tfm_cli.console import print_info, print_warning, stderr_console
 
 EPILOG = (
@@ -112,7 +111,12 @@ class TrainDisplay:
         if event.resumed:
             self.print(f"resumed at step {event.step:,} (epoch {event.epoch + 1})")
         if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+            )
 
             self.progress = Progress(
                 BarColumn(bar_width=16), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),

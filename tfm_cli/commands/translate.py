@@ -8,8 +8,12 @@ from typing import Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, parse_head, threads_option
-
+from tfm_cli.commands.options import (
+    apply_threads,
+    device_option,
+    parse_head,
+    threads_option,
+)
 from tfm_cli.console import print_info, print_warning, stderr_console
 from tfm_cli.errors import TfmError
 
@@ -75,7 +79,13 @@ def translate(
     from tfm_cli.allocator import keep_freed_memory
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import DecodeConfig
-    from tfm_cli.textio import DecodeStats, check_input_file, iter_lines, open_output, thread_stdin
+    from tfm_cli.textio import (
+        DecodeStats,
+        check_input_file,
+        iter_lines,
+        open_output,
+        thread_stdin,
+    )
     from tfm_cli.translation import (
         AlignmentConfig,
         BatchingConfig,
@@ -123,7 +133,13 @@ def translate(
         if not show_progress:
             write_chunks(out, chunks, output_format)
         else:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             columns = (TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             with Progress(*columns, console=stderr_console(), transient=True) as bar:

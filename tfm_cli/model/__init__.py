@@ -1,7 +1,19 @@
 """THE model package: every subcommand builds, loads and runs the Transformer from here."""
 
-from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
-from tfm_cli.model.transformer import Decoded, DecoderState, Encoded, StepOutput, Transformer, count_parameters
+from tfm_cli.model.attention import (
+    CrossAttention,
+    KeyValueCache,
+    SelfAttention,
+    SelfAttentionCache,
+)
+from tfm_cli.model.transformer import (
+    Decoded,
+    DecoderState,
+    Encoded,
+    StepOutput,
+    Transformer,
+    count_parameters,
+)
 
 __all__ = [
     "CrossAttention",

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.config import ModelConfig
-from tfm_cli.model.attention import CrossAttention, KeyValueCache, SelfAttention, SelfAttentionCache
+from tfm_cli.model.attention import (
+    CrossAttention,
+    KeyValueCache,
+    SelfAttention,
+    SelfAttentionCache,
+)
 from tfm_cli.model.dropout import Dropout
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from tfm_cli.averaging import file_sha256
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import (
     ModelConfig,
@@ -28,9 +27,14 @@ from tfm_cli.config import (
     recipe_values,
 )
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import as_regular_file, check_input_file
+from tfm_cli.textio import as_regular_file, check_input_file, file_sha256
 from tfm_cli.tokenizer import Tokenizer
-from tfm_cli.training.run_dir import LAST_CHECKPOINT, STATE_FILE, saved_init, saved_recipe
+from tfm_cli.training.run_dir import (
+    LAST_CHECKPOINT,
+    STATE_FILE,
+    saved_init,
+    saved_recipe,
+)
 from tfm_cli.vocabulary import MappedTokenizer
 
 # Training-time settings that people change when fine-tuning; every other [model] key is the checkpoint's.

@@ -12,7 +12,13 @@ import torch
 
 from tfm_cli import distributed
 from tfm_cli.config import ModelConfig, Recipe
-from tfm_cli.data import ParallelText, TokenizedCorpus, count_tokens, load_or_tokenize, read_parallel
+from tfm_cli.data import (
+    ParallelText,
+    TokenizedCorpus,
+    count_tokens,
+    load_or_tokenize,
+    read_parallel,
+)
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import make_folder, remove_stale_temp_files

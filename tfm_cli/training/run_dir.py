@@ -45,8 +45,8 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda path: int(STEP_CHECKPOINT.match(path.name).group(1)))
 
 
-def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
-    """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
+def read_run_config(run_dir: Path) -> dict[str, Any] | None:
+    """The JSON object in a run directory's config.json, or None if there is none; TfmError if damaged."""
     check_run_folder_shape(run_dir)
     path = run_dir / CONFIG_FILE
     if path.exists() and not path.is_file():
@@ -57,7 +57,18 @@ def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise TfmError(f"{path}: damaged run config (not JSON); start a new --run") from None
-    recipe = saved.get("recipe") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict):
+        raise TfmError(f"{path}: damaged run config (not a JSON object); start a new --run")
+    return saved
+
+
+def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
+    """The resolved recipe data stored in a run directory's config.json, or None if there is none."""
+    saved = read_run_config(run_dir)
+    if saved is None:
+        return None
+    path = run_dir / CONFIG_FILE
+    recipe = saved.get("recipe")
     if not isinstance(recipe, dict):
         raise TfmError(f"{path}: damaged run config (no \"recipe\" object); start a new --run")
     for section, table in recipe.items():
@@ -68,19 +79,15 @@ def saved_recipe(run_dir: Path) -> dict[str, Any] | None:
 
 def saved_init(run_dir: Path) -> dict[str, str] | None:
     """Where a run started with `--init` took its first weights: config.json's {"path", "sha256"}, or None."""
-    path = run_dir / CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise TfmError(f"{path}: damaged run config (not JSON); start a new --run") from None
-    init = saved.get("init") if isinstance(saved, dict) else None
+    saved = read_run_config(run_dir)
+    init = saved.get("init") if saved is not None else None
     if init is None:
         return None
     well_formed = isinstance(init, dict) and set(init) == {"path", "sha256"}
     if not (well_formed and all(isinstance(value, str) for value in init.values())):
-        raise TfmError(f"{path}: damaged run config (init is not a {{path, sha256}} object); start a new --run")
+        raise TfmError(
+            f"{run_dir / CONFIG_FILE}: damaged run config (init is not a {{path, sha256}} object); start a new --run"
+        )
     return init
 
 

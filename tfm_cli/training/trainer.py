@@ -20,9 +20,17 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.textio import atomic_write_bytes
-from tfm_cli.training.log_window import LogWindow
-from tfm_cli.training.events import Event, LogEvent, PhaseEvent, SaveEvent, StartEvent, StepEvent, ValidEvent
+from tfm_cli.training.events import (
+    Event,
+    LogEvent,
+    PhaseEvent,
+    SaveEvent,
+    StartEvent,
+    StepEvent,
+    ValidEvent,
+)
 from tfm_cli.training.initialization import InitModel
+from tfm_cli.training.log_window import LogWindow
 from tfm_cli.training.objective import LossModule, learning_rate
 from tfm_cli.training.preparation import PreparedData, prepare_on_rank0_first
 from tfm_cli.training.run_dir import (
@@ -36,8 +44,18 @@ from tfm_cli.training.run_dir import (
     truncate_metrics,
     write_metrics,
 )
-from tfm_cli.training.state import Counters, encode_state, gather_rank_rng, restore_state
-from tfm_cli.training.step import StepSettings, compile_module, resolve_precision, train_step
+from tfm_cli.training.state import (
+    Counters,
+    encode_state,
+    gather_rank_rng,
+    restore_state,
+)
+from tfm_cli.training.step import (
+    StepSettings,
+    compile_module,
+    resolve_precision,
+    train_step,
+)
 from tfm_cli.training.validation import ValidResult, validate
 
 STOP_INTERRUPTED = "interrupted"
