@@ -152,9 +152,10 @@ def test_a_metrics_line_that_is_not_an_object_does_not_stop_a_resume(tmp_path, f
     shutil.copytree(finished_run, run)
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write("[1, 2]\n\"text\"\n")
-    result = run_cli(["train", TINY, "--run", run, "--resume", "--threads", "1", "-q",
+    result = run_cli(["train", TINY, "--run", run, "--resume", "--threads", "1",
                       *letter_settings(letters, **{"train.max_steps": 3})])
     assert result.exit_code == 0, result.stderr
+    assert "dropped 2 damaged line(s) of metrics.jsonl" in result.stderr
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(isinstance(record, dict) for record in records)
 

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -137,17 +136,23 @@ def write_metrics(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(finite, sort_keys=True, allow_nan=False) + "\n")
 
 
-def truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int) -> int:
     """Drop metrics.jsonl records after `step` (written by a session that died after its last save).
 
-    Lines that are not JSON objects (a write cut short by a full disk, say) are dropped too.
+    Lines that are not JSON objects with an integer step (a write cut short by a full disk, say) are
+    dropped too; returns how many such damaged lines there were, for the caller to report.
     """
     if not path.is_file():
-        return
-    kept = []
+        return 0
+    kept, damaged = [], 0
     for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
+        try:
             record = json.loads(line)
-            if isinstance(record, dict) and isinstance(record.get("step", 0), int) and record.get("step", 0) <= step:
-                kept.append(line + "\n")
+        except json.JSONDecodeError:
+            record = None
+        if not (isinstance(record, dict) and isinstance(record.get("step", 0), int)):
+            damaged += 1
+        elif record.get("step", 0) <= step:
+            kept.append(line + "\n")
     atomic_write_bytes(path, "".join(kept).encode("utf-8"))
+    return damaged

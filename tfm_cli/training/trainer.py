@@ -443,7 +443,9 @@ def train_in_world(
     if resume:
         trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler, world)
         if world.is_main:
-            truncate_metrics(trainer.metrics_path, trainer.counters.step)
+            damaged = truncate_metrics(trainer.metrics_path, trainer.counters.step)
+            if damaged:
+                on_event(PhaseEvent(f"dropped {damaged} damaged line(s) of {trainer.metrics_path.name} (not JSON records)"))
     if world.is_main:
         trainer.write_config()
     distributed.barrier(world)
