@@ -184,3 +184,32 @@ def test_train_reads_a_fifo_input_once(tmp_path, synthetic):
     writer.join(timeout=60)
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "spm.model").is_file() and (tmp_path / "spm.vocab").is_file()
+
+
+def test_sampling_keeps_limit_lines_uniformly_and_the_same_ones_every_time(tmp_path):
+    from tfm_cli.tokenizer import sample_sentences
+
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("".join(f"a{i}\n" for i in range(3000)), encoding="utf-8")
+    second.write_text("".join(f"b{i}\n" for i in range(1000)), encoding="utf-8")
+    sample, total = sample_sentences([first, second], 400)
+    assert total == 4000 and len(sample) == 400 and len(set(sample)) == 400
+    assert sample == sample_sentences([first, second], 400)[0]  # seeded: the same sample again
+    assert sample != sample_sentences([first, second], 400, seed=2)[0]
+    # Uniform over both files together: a quarter of the lines come from the second (binomial sd ~9).
+    assert 60 <= sum(line.startswith("b") for line in sample) <= 140
+    assert sample_sentences([first, second], 4000) == (None, 4000)  # no more than the limit: all
+    assert sample_sentences([first, second], 0) == (None, 4000)
+
+
+def test_training_on_a_sample_is_reproducible_and_says_so(tmp_path, synthetic):
+    lines = synthetic["train.src"].read_text(encoding="utf-8").splitlines()
+    args = ["tokenize", "train", synthetic["train.src"], "--vocab-size", "100", "--max-sentences", "500"]
+    first = run_cli([*args, "-o", tmp_path / "a" / "spm"])
+    second = run_cli([*args, "-o", tmp_path / "b" / "spm"])
+    assert first.exit_code == 0 and second.exit_code == 0, first.stderr + second.stderr
+    assert f"learning from 500 of {len(lines):,} sentences (a seeded sample" in first.stderr
+    assert (tmp_path / "a" / "spm.model").read_bytes() == (tmp_path / "b" / "spm.model").read_bytes()
+    everything = run_cli([*args[:-2], "--max-sentences", "0", "-o", tmp_path / "c" / "spm"])
+    assert everything.exit_code == 0 and "learning from" not in everything.stderr
+    assert (tmp_path / "c" / "spm.model").read_bytes() != (tmp_path / "a" / "spm.model").read_bytes()

@@ -365,8 +365,9 @@ class TokenizerTrainConfig:
     character_coverage: float = 1.0
     user_defined_symbols: tuple[str, ...] = ()
     byte_fallback: bool = False
-    # Sample at most this many sentences for training (0 = all); keeps huge corpora tractable.
-    input_sentence_size: int = 0
+    # Train on a seeded uniform sample of at most this many sentences (0 = all): sentencepiece needs
+    # ~3 GB per million sentences of memory, and a million is plenty to choose pieces from.
+    input_sentence_size: int = 1_000_000
     # "identity" keeps text byte-exact (decode inverts encode, double spaces and NBSP included);
     # "nmt_nfkc" is sentencepiece's default, which folds Unicode variants and collapses spaces.
     normalization: str = "identity"

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import io
 import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
@@ -24,24 +27,63 @@ from tfm_cli.textio import (
     make_folder,
 )
 
+# The sentences a tokenizer is trained on are sampled with this seed, so the same corpus and
+# settings give the same model every time (sentencepiece's own sampling is seeded at random).
+SAMPLE_SEED = 1
+
+
+@dataclass(frozen=True)
+class SentenceSample:
+    """What tokenizer training read: how many sentences the inputs hold and how many it learned from."""
+
+    total: int
+    used: int
+
+
+def sample_sentences(input_paths: list[Path], limit: int, seed: int = SAMPLE_SEED) -> tuple[list[str] | None, int]:
+    """Read every line of `input_paths` (checking UTF-8) and keep a uniform sample of at most `limit`.
+
+    Returns (the sample in reading order, the number of lines), or (None, lines) when there are no
+    more than `limit` lines or `limit` is 0 (all are used). Reservoir sampling (Vitter's algorithm R)
+    with random.Random(seed): memory holds `limit` lines whatever the corpus size.
+    """
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    count = 0
+    for path in input_paths:
+        # sentencepiece would silently drop invalid UTF-8; iter_lines refuses it, naming file and line.
+        for line in iter_lines(str(path)):
+            if limit and len(reservoir) < limit:
+                reservoir.append((count, line))
+            elif limit:
+                slot = rng.randrange(count + 1)
+                if slot < limit:
+                    reservoir[slot] = (count, line)
+            count += 1
+    if not limit or count <= limit:
+        return None, count
+    return [line for _, line in sorted(reservoir)], count
+
 
 def train_sentencepiece(
-    input_paths: list[Path], model_prefix: Path, config: TokenizerTrainConfig, verbose: bool = False
+    input_paths: list[Path], model_prefix: Path, config: TokenizerTrainConfig, verbose: bool = False,
+    on_sample: Callable[[SentenceSample], None] | None = None,
 ) -> Path:
     """Train a sentencepiece model on the text files `input_paths` (jointly, if several).
 
     Writes `{model_prefix}.model` and `{model_prefix}.vocab` atomically and returns the .model path.
     The model records the input paths but no output or temp path: the same inputs and config give
-    the same bytes (unless input_sentence_size samples the input, which sentencepiece seeds randomly).
+    the same bytes. Inputs with more than config.input_sentence_size lines in all are sampled down to
+    that many (seeded, see sample_sentences); `on_sample` is told the counts either way.
     Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
     """
     for path in input_paths:
         check_input_file(path, "tokenizer training needs existing text files")
         if path.stat().st_size == 0:
             raise TfmError(f"{path}: the file is empty; tokenizer training needs text")
-        # sentencepiece would silently drop invalid UTF-8; refuse it as encode does (file and line).
-        for _ in iter_lines(str(path)):
-            pass
+    sample, total = sample_sentences(input_paths, config.input_sentence_size)
+    if on_sample is not None:
+        on_sample(SentenceSample(total, total if sample is None else len(sample)))
     model_path, vocab_path = Path(f"{model_prefix}.model"), Path(f"{model_prefix}.vocab")
     make_folder(model_prefix.parent, "output folder")  # before minutes of training, not after
     check_output_path(model_path)
@@ -49,8 +91,10 @@ def train_sentencepiece(
     # sentencepiece hands the model to a writer instead of saving it under a prefix, which it would
     # record inside the model (a temp path, making every training's bytes differ).
     model_writer = io.BytesIO()
+    # A sample is handed over as an iterator: nothing is written, and no temp path enters the model.
+    source = {"input": ",".join(str(p) for p in input_paths)} if sample is None else {"sentence_iterator": iter(sample)}
     options = dict(
-        input=",".join(str(p) for p in input_paths),
+        **source,
         model_writer=model_writer,
         vocab_size=config.vocab_size,
         model_type=config.model_type,
@@ -67,9 +111,6 @@ def train_sentencepiece(
     )
     if config.user_defined_symbols:
         options["user_defined_symbols"] = list(config.user_defined_symbols)
-    if config.input_sentence_size:
-        options["input_sentence_size"] = config.input_sentence_size
-        options["shuffle_input_sentence"] = True
     try:
         spm.SentencePieceTrainer.train(**options)
     except (RuntimeError, ValueError) as error:

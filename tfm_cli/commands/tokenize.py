@@ -89,7 +89,7 @@ def train(
     user_symbols: List[str] = typer.Option([], "--user-symbol", help="A symbol kept as one piece (repeatable)."),
     byte_fallback: bool = typer.Option(False, "--byte-fallback", help="Spell unknown characters as UTF-8 bytes instead of <unk>."),
     normalization: str = typer.Option("identity", "--normalization", help="identity (lossless: decode inverts encode) or nmt_nfkc."),
-    input_sentence_size: int = typer.Option(0, "--max-sentences", help="Sample at most this many sentences (0 = all)."),
+    input_sentence_size: int = typer.Option(1_000_000, "--max-sentences", help="Learn from a seeded uniform sample of at most this many sentences (0 = all): the same text always gives the same model."),
     verbose: bool = typer.Option(False, "--verbose", help="Show sentencepiece's own training log."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
@@ -112,6 +112,12 @@ def train(
     if output.endswith("/") or Path(output).is_dir():
         raise TfmError(f"-o {output}: is a folder; -o takes a file prefix, e.g. -o {output.rstrip('/')}/spm")
     prefix = Path(output)
+
+    def report_sample(sample) -> None:
+        if sample.used < sample.total:
+            print_info(f"learning from {sample.used:,} of {sample.total:,} sentences (a seeded sample; "
+                       "--max-sentences 0 takes all)", quiet=quiet)
+
     with tempfile.TemporaryDirectory(prefix="tfm-tokenize-") as tmp:
         paths = []
         for number, name in enumerate(inputs):
@@ -131,7 +137,7 @@ def train(
         console = stderr_console(quiet=quiet)
         with console.status(f"training a {model_type} sentencepiece model ({vocab_size} pieces)"):
             try:
-                model_path = train_sentencepiece(paths, prefix, config, verbose=verbose)
+                model_path = train_sentencepiece(paths, prefix, config, verbose=verbose, on_sample=report_sample)
             except TfmError as error:  # name the input the user gave, not its temp copy
                 message = str(error)
                 for copy, name in zip(paths, inputs):

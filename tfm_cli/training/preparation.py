@@ -22,7 +22,7 @@ from tfm_cli.data import (
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import make_folder, remove_stale_temp_files
-from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
+from tfm_cli.tokenizer import SentenceSample, Tokenizer, train_sentencepiece
 from tfm_cli.training.events import DataEvent, Event, PhaseEvent
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.run_dir import CACHE_DIR, CACHE_FILES, RUN_FILES, check_run_dir
@@ -54,13 +54,18 @@ def prepare_tokenizers(
         prefixes = {"joint": (run_dir / "spm", [text.src.path, text.tgt.path])}
     else:
         prefixes = {"src": (run_dir / "spm.src", [text.src.path]), "tgt": (run_dir / "spm.tgt", [text.tgt.path])}
+    def report_sample(sample: SentenceSample) -> None:
+        if sample.used < sample.total:
+            on_event(PhaseEvent(f"the tokenizer learns from {sample.used:,} of {sample.total:,} sentences "
+                                "(a seeded sample; tokenizer.input_sentence_size = 0 takes all)"))
+
     loaded = {}
     for side, (prefix, inputs) in prefixes.items():
         model_path = Path(f"{prefix}.model")
         if not (resume and model_path.is_file()):
             on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
                                 f"sentencepiece model ({side}) -> {model_path}"))
-            train_sentencepiece(inputs, prefix, train_settings)
+            train_sentencepiece(inputs, prefix, train_settings, on_sample=report_sample)
         loaded[side] = Tokenizer.from_file(model_path)
     if settings.joint:
         return loaded["joint"], loaded["joint"]

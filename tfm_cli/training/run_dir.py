@@ -90,6 +90,11 @@ def saved_init(run_dir: Path) -> dict[str, str] | None:
     return init
 
 
+# Settings that may differ on resume although outside [train]: how many sentences trained the
+# tokenizer does not matter once the run has its tokenizer files.
+RESUME_IGNORES = {("tokenizer", "input_sentence_size")}
+
+
 def check_resumable(recipe: Recipe, run_dir: Path) -> None:
     """Raise TfmError if the recipe's data, tokenizer or model settings differ from the run's own."""
     saved = saved_recipe(run_dir)
@@ -101,6 +106,8 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
     for section in ("data", "tokenizer", "model"):
         old, new = saved.get(section, {}), current[section]
         for key in sorted(set(old) | set(new)):
+            if (section, key) in RESUME_IGNORES:
+                continue
             if old.get(key) != new.get(key):
                 raise TfmError(
                     f"--resume: {section}.{key} is {new.get(key)!r} but the run in {run_dir} used {old.get(key)!r}; "
