@@ -140,3 +140,27 @@ def test_a_bleu_tokenizer_that_must_download_fails_in_one_line_offline(tmp_path,
     if result.exit_code != 0:  # offline, as CI is
         assert result.exit_code == 1 and result.stderr.count("error:") == 1
         assert "--tokenize flores200 downloads its sentencepiece model on first use, which failed" in result.stderr
+
+
+def test_a_cpu_index_is_refused_like_any_other_device(random_checkpoint):
+    result = run_cli([*TRANSLATE, "-m", random_checkpoint, "--device", "cpu:99"], input="a b\n")
+    assert result.exit_code == 1 and "--device cpu:99: tfm runs on cpu or cuda[:N]" in result.stderr
+
+
+def test_align_head_counts_from_the_end_as_inspect_attention_head_does(random_checkpoint):
+    from tfm_cli.checkpoint import read_checkpoint
+
+    n_heads = read_checkpoint(random_checkpoint).config.n_heads
+    last, negative = (run_cli([*TRANSLATE, "-m", random_checkpoint, "--alignment", "--align-head", head], input="a b c\n")
+                      for head in (str(n_heads - 1), "-1"))
+    assert last.exit_code == 0 and negative.exit_code == 0, negative.stderr
+    assert negative.stdout == last.stdout
+    beyond = run_cli([*TRANSLATE, "-m", random_checkpoint, "--alignment", "--align-head", str(-n_heads - 1)], input="a\n")
+    assert beyond.exit_code == 1 and "does not exist" in beyond.stderr
+
+
+def test_names_with_colons_are_printed_as_they_are(tmp_path, random_checkpoint):
+    # rich turns ":x:" into an emoji unless told not to; a file name must come out unchanged.
+    name = tmp_path / "notes:x:draft.txt"
+    result = run_cli([*TRANSLATE, "-m", random_checkpoint, "-i", name])
+    assert result.exit_code == 1 and f"{name}: no such file" in result.stderr, result.stderr

@@ -16,7 +16,8 @@ from rich.text import Text
 
 def stderr_console(quiet: bool = False) -> Console:
     """Return a Console writing to the current sys.stderr (looked up now, so CliRunner sees it)."""
-    return Console(file=sys.stderr, quiet=quiet, highlight=False, soft_wrap=True)
+    # emoji=False: rich would turn ":x:" in a file name into an emoji, even in escaped text.
+    return Console(file=sys.stderr, quiet=quiet, highlight=False, soft_wrap=True, emoji=False)
 
 
 def print_error(message: str) -> None:
@@ -45,7 +46,7 @@ def stdout_console(width: int | None = None, file: IO[str] | None = None) -> Con
     Colour and box drawing only when that is a terminal; `width` overrides the detected width
     (pass the table's natural width when piping so nothing is wrapped).
     """
-    return Console(file=sys.stdout if file is None else file, highlight=False, width=width)
+    return Console(file=sys.stdout if file is None else file, highlight=False, width=width, emoji=False)
 
 
 def data_table(headers: list[str], rows: list[list[str]], title: str | None = None) -> Table:

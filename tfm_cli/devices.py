@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from tfm_cli.errors import TfmError
@@ -14,7 +16,7 @@ def resolve_device(name: str) -> torch.device:
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.split(":")[0] not in ("cpu", "cuda"):
+    if name != "cpu" and not re.fullmatch(r"cuda(:[0-9]+)?", name):
         raise TfmError(f"--device {name}: tfm runs on cpu or cuda[:N]; use --device cpu or --device cuda")
     try:
         device = torch.device(name)

@@ -57,14 +57,16 @@ class AlignmentConfig:
     """Which cross-attention becomes the word alignment: a decoder layer and one head or their mean."""
 
     layer: int = -1  # python-style index into the decoder layers; -1 = the last
-    head: int | None = None  # None = mean over heads
+    head: int | None = None  # python-style index into the heads; None = mean over heads
 
     def check(self, n_layers: int, n_heads: int) -> None:
         """Raise TfmError if the layer or head does not exist in a model of this size."""
         if not -n_layers <= self.layer < n_layers:
             raise TfmError(f"--align-layer {self.layer} does not exist: the decoder has {n_layers} layers")
-        if self.head is not None and not 0 <= self.head < n_heads:
-            raise TfmError(f"--align-head {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1})")
+        if self.head is not None and not -n_heads <= self.head < n_heads:
+            raise TfmError(
+                f"--align-head {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1}, or -1 for the last)"
+            )
 
 
 @dataclass

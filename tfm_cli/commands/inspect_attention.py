@@ -49,7 +49,7 @@ def inspect_attention(
     target_file: Optional[str] = typer.Option(None, "--target-file", help="Forced translations, line-parallel to --input."),
     kind: str = typer.Option("cross", "--kind", help="cross (target x source), encoder (source self-attention) or decoder (target self-attention)."),
     layer: int = typer.Option(-1, "--layer", help="Layer index, 0-based; negative counts from the end (-1 = last)."),
-    head: str = typer.Option("mean", "--head", help="A head index (0-based) or `mean` (the average over heads)."),
+    head: str = typer.Option("mean", "--head", help="A head index (0-based; negative counts from the end) or `mean` (the average over heads)."),
     words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
     output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),

@@ -60,7 +60,7 @@ def translate(
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
     align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
-    align_head: str = typer.Option("mean", "--align-head", help="Attention head that aligns: a number, or 'mean' over heads."),
+    align_head: str = typer.Option("mean", "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
