@@ -111,20 +111,34 @@ def test_marian_greedy_and_ctranslate2_greedy_equal_tfm_translate(tmp_path):
     assert decoded == expected
 
 
-def test_ctranslate2_int8_translates_close_to_float32(tmp_path):
-    model = trained_checkpoint()
-    export(model, "ctranslate2", tmp_path / "ct2-int8", "--quantization", "int8")
-    export(model, "ctranslate2", tmp_path / "ct2-float32")
-    from tfm_cli.checkpoint import load_model
+def test_ctranslate2_int8_scores_close_to_float32_and_leaves_the_checkpoint_alone(tmp_path):
+    import sacrebleu
 
-    tokenizer = load_model(model).src_tokenizer
-    sources = [[tokenizer.id_to_piece(i) for i in tokenizer.encode_ids(line)] + ["</s>"] for line in held_out_sources()[:40]]
+    from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
+    from tfm_cli.exporting import export_model
+
+    model = trained_checkpoint()
+    checkpoint = read_checkpoint(model)
+    src, tgt = checkpoint_tokenizers(model, checkpoint)
+    # int8 first: CTranslate2 quantizes the arrays it is handed in place, which must not reach the checkpoint.
+    export_model(checkpoint, src, tgt, "ctranslate2", tmp_path / "ct2-int8", "int8")
+    export_model(checkpoint, src, tgt, "ctranslate2", tmp_path / "ct2-float32", "float32")
+    sources = held_out_sources()
+    pieces = [[src.id_to_piece(i) for i in src.encode_ids(line)] + [src.id_to_piece(checkpoint.config.eos_id)]
+              for line in sources]
     outputs = {}
     for name in ("ct2-int8", "ct2-float32"):
         translator = ctranslate2.Translator(str(tmp_path / name), device="cpu", intra_threads=1)
-        outputs[name] = [r.hypotheses[0] for r in translator.translate_batch(sources, beam_size=1, max_decoding_length=31)]
-    same = sum(a == b for a, b in zip(outputs["ct2-int8"], outputs["ct2-float32"]))
-    assert same >= 0.8 * len(sources), same
+        results = translator.translate_batch(pieces, beam_size=1, max_decoding_length=30)
+        outputs[name] = [tgt.decode_pieces(result.hypotheses[0]) for result in results]
+    translated = run_cli(["translate", "-m", model, "-b", "1", "--max-len-a", "0", "--max-len-b", "30", "-q"],
+                         input="".join(line + "\n" for line in sources))
+    assert outputs["ct2-float32"] == translated.stdout.splitlines()
+    references = [(model.parent / "test.tgt").read_text(encoding="utf-8").splitlines()]
+    bleu = {name: sacrebleu.corpus_bleu(lines, references).score for name, lines in outputs.items()}
+    # int8 kernels differ by CPU (VNNI or not): measured 0.9-1.1 BLEU apart on this small model.
+    assert abs(bleu["ct2-int8"] - bleu["ct2-float32"]) <= 4.0, bleu
+    assert sacrebleu.corpus_chrf(outputs["ct2-int8"], [outputs["ct2-float32"]]).score >= 50
 
 
 @pytest.mark.parametrize("case", ["not empty", "a file", "pre-norm to marian", "unknown target", "bad quantization"])

@@ -241,7 +241,8 @@ def ctranslate2_spec(checkpoint: Checkpoint, src, tgt):
     from ctranslate2.specs import common_spec, transformer_spec
 
     config = checkpoint.config
-    w = {name: tensor.to(torch.float32).contiguous() for name, tensor in checkpoint.weights.items()}
+    # Copies: CTranslate2's converter quantizes the arrays it is given in place.
+    w = {name: tensor.to(torch.float32, copy=True).contiguous() for name, tensor in checkpoint.weights.items()}
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                   "swish": common_spec.Activation.SWISH}[config.activation]
     spec = transformer_spec.TransformerSpec.from_config(
