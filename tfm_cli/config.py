@@ -429,7 +429,10 @@ class TokenizerConfig:
 # Keys of [model] that come from the tokenizer, never from a recipe.
 MODEL_KEYS_FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
 TOKENIZER_OWN_KEYS = ("src_model", "tgt_model", "joint")
-RECIPE_SECTIONS = ("data", "tokenizer", "model", "train")
+RECIPE_SECTIONS = ("data", "tokenizer", "model", "train", "decode")
+# The DecodeConfig fields a recipe's [decode] section sets: the decoding settings a model was tuned
+# with, recorded in every checkpoint of the run (tfm translate uses them unless a flag overrides).
+RECIPE_DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
 PATH_KEYS = {"data": ("train_src", "train_tgt", "valid_src", "valid_tgt"), "tokenizer": ("src_model", "tgt_model")}
 VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 
@@ -442,6 +445,8 @@ class Recipe:
     tokenizer: TokenizerConfig
     model: ModelShape
     train: TrainConfig
+    # [decode]: only the keys the recipe sets (RECIPE_DECODE_KEYS), validated by DecodeConfig.
+    decode: dict[str, Any] = field(default_factory=dict)
 
     def model_config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
         """The ModelConfig for tokenizers of these vocabulary sizes (special ids are tfm's fixed ones)."""
@@ -458,6 +463,7 @@ class Recipe:
             "tokenizer": tokenizer,
             "model": config_to_dict(self.model),
             "train": config_to_dict(self.train),
+            "decode": dict(self.decode),
         }
 
 
@@ -492,9 +498,26 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     if model.share_embeddings and not tokenizer.src_model and not tokenizer.joint:
         raise TfmError("model.share_embeddings = true needs tokenizer.joint = true (one vocabulary for both sides)")
     train = config_from_dict(TrainConfig, values.get("train", {}), "train")
-    recipe = Recipe(data=data, tokenizer=tokenizer, model=model, train=train)
+    decode = check_decode_section(values.get("decode", {}))
+    recipe = Recipe(data=data, tokenizer=tokenizer, model=model, train=train, decode=decode)
     check_sections_agree(recipe)
     return recipe
+
+
+def check_decode_section(values: dict[str, Any]) -> dict[str, Any]:
+    """The [decode] section's settings (keys of RECIPE_DECODE_KEYS), type- and range-checked as DecodeConfig's.
+
+    Returns only the keys given; raises TfmError naming `decode.KEY` for an unknown key or a bad value.
+    """
+    unknown = sorted(set(values) - set(RECIPE_DECODE_KEYS))
+    if unknown:
+        raise TfmError(f"unknown key decode.{unknown[0]}; valid keys in [decode]: {', '.join(RECIPE_DECODE_KEYS)}")
+    try:
+        decode = config_from_dict(DecodeConfig, values, "decode")
+    except TfmError as error:  # a range error names the setting, not the section: say which section
+        message = str(error)
+        raise TfmError(message if message.startswith("decode.") else f"[decode]: {message}") from None
+    return {key: getattr(decode, key) for key in values}
 
 
 def check_sections_agree(recipe: Recipe) -> None:

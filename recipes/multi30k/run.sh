@@ -31,8 +31,8 @@ echo "== training took $((SECONDS - start)) s" >&2
 echo "== 2/4 tfm average: the last two checkpoints" >&2
 tfm average --run "$run/train" --last 2 -o "$run/average.safetensors"
 
-echo "== 3/4 tfm translate: test_2016_flickr.$src, beam 5, length penalty 2.0" >&2
-tfm translate -m "$run/average.safetensors" --threads "$threads" --beam 5 --length-penalty 2.0 \
+echo "== 3/4 tfm translate: test_2016_flickr.$src with the recipe's [decode] settings (in the checkpoint)" >&2
+tfm translate -m "$run/average.safetensors" --threads "$threads" \
   < "$data/test_2016_flickr.$src" > "$run/test_2016_flickr.$tgt.hyp"
 
 echo "== 4/4 tfm score against test_2016_flickr.$tgt" >&2

@@ -57,7 +57,7 @@ def inspect_attention(
     walkthrough: bool = typer.Option(False, "--walkthrough", help="Print one head's computation step by step: X, Q, K, V, Q K^T, scaled, softmax rows, output rows."),
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
-    beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy)."),
+    beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy); default: the model's own, else 5."),
     device: str = device_option(),
     threads: int = threads_option(),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
@@ -94,6 +94,8 @@ def inspect_attention(
     target_device = resolve_device(device)
     pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
     loaded = load_model(model, device=target_device)
+    if ctx.get_parameter_source("beam").name == "DEFAULT":
+        beam = loaded.decode_defaults.get("beam_size", beam)  # the model's own, as translate uses it
     reverse = load_model(reverse_model, device=target_device) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")

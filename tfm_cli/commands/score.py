@@ -41,7 +41,7 @@ def score(
     src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
     normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
-    alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty)."),
+    alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty); default: the model's own, else 0.6."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
     device: str = device_option('With -m: '),
     threads: int = threads_option('With -m: '),
@@ -182,6 +182,8 @@ def score_with_model(
         raise TfmError("--src and --tgt cannot both be stdin")
     apply_threads(ctx, threads)
     loaded = load_model(model_path, device=resolve_device(device))
+    if ctx.get_parameter_source("alpha").name == "DEFAULT" and "length_penalty" in loaded.decode_defaults:
+        alpha = loaded.decode_defaults["length_penalty"]  # the model's own, as translate uses it
     # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.
     src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)
     tgt_lines = iter_lines(tgt, stream=thread_stdin() if tgt == "-" else None)

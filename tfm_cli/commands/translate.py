@@ -23,8 +23,9 @@ EPILOG = (
     "  tfm translate -m model.safetensors -i test.de --beam 5 --length-penalty 1.0 --scores\n\n"
     "  echo 'Ein Hund rennt.' | tfm translate -m model.safetensors --alignment --align-head mean --json\n\n"
     "  echo 'A dog runs.' | tfm translate -m opus-mt-en-roa.safetensors --target-lang fra\n\n"
-    "A model imported with `tfm import` brings its own defaults for --beam, --length-penalty and the "
-    "length limit (its generation config); flags given here override them.\n\n"
+    "A checkpoint may carry its own defaults for --beam, --length-penalty and the length limit (the "
+    "[decode] section of the recipe it was trained with, or an imported model's generation config); "
+    "flags given here override them, and stderr says which settings were used.\n\n"
     "Scores are natural-log probabilities: the sum over the output tokens, EOS included, divided by "
     "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
     "`tfm score -m MODEL --src SRC --tgt OUT --normalize length --length-penalty ALPHA`."
@@ -116,6 +117,9 @@ def translate(
         from tfm_cli.vocabulary import language_tag_id
 
         prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
+    if loaded.decode_defaults:
+        used = ", ".join(f"{key} {getattr(decode, key)}" for key in OPTION_OF_FIELD)
+        print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
     translator = Translator(loaded, decode, batching, align, source_prefix=prefix)
     output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=decode.length_penalty)
 

@@ -173,12 +173,13 @@ class Trainer:
     def checkpoint_bytes(self) -> bytes:
         """The current weights as a self-contained checkpoint (see tfm_cli.checkpoint).
 
-        A run started with --init passes on its checkpoint's decoding defaults (an imported model's
-        generation settings): the fine-tuned model decodes as the original did unless flags say otherwise.
+        Its decoding defaults are the recipe's [decode] settings, over those of the --init checkpoint
+        (an imported model's generation settings): the model decodes as tuned unless flags say otherwise.
         """
+        decode_defaults = {**(self.init.decode_defaults if self.init is not None else {}), **self.recipe.decode}
         checkpoint = make_checkpoint(
             self.model_config, model_weights(self.model), self.data.src_tokenizer, self.data.tgt_tokenizer,
-            self.provenance(), self.init.decode_defaults if self.init is not None else None,
+            self.provenance(), decode_defaults,
         )
         return encode_checkpoint(checkpoint)
 
