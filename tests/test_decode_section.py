@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from safetensors import safe_open
-
 from conftest import REPO_ROOT, letter_settings, run_cli
+from safetensors import safe_open
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
