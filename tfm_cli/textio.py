@@ -149,6 +149,11 @@ def fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The first of `folder` and the folders above it that exists but is not a folder, or None."""
+    return next((path for path in [folder, *folder.parents] if path.exists() and not path.is_dir()), None)
+
+
 def check_output_folder(directory: Path, target: Path) -> None:
     """Raise TfmError unless `directory` (where `target` is to be written) is a folder that exists.
 
@@ -156,9 +161,9 @@ def check_output_folder(directory: Path, target: Path) -> None:
     """
     if directory.is_dir():
         return
-    for ancestor in [directory, *directory.parents]:
-        if ancestor.exists() and not ancestor.is_dir():
-            raise TfmError(f"{ancestor}: is a file, not a folder; cannot write {target} under it")
+    blocking = file_in_the_way(directory)
+    if blocking is not None:
+        raise TfmError(f"{blocking}: is a file, not a folder; cannot write {target} under it")
     raise TfmError(f"{directory}: output folder does not exist (for {target}); create it first")
 
 
@@ -175,9 +180,9 @@ def check_output_path(path: Path) -> None:
 
 def make_folder(folder: Path, what: str) -> None:
     """Create `folder` and its parents (fine if it exists); TfmError naming the path if that cannot be done."""
-    for ancestor in [folder, *folder.parents]:
-        if ancestor.exists() and not ancestor.is_dir():
-            raise TfmError(f"{ancestor}: is a file, not a folder; cannot create the {what} {folder}")
+    blocking = file_in_the_way(folder)
+    if blocking is not None:
+        raise TfmError(f"{blocking}: is a file, not a folder; cannot create the {what} {folder}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:

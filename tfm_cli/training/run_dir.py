@@ -13,7 +13,7 @@ from typing import Any
 
 from tfm_cli.config import ModelShape, Recipe, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import atomic_write_bytes
+from tfm_cli.textio import atomic_write_bytes, file_in_the_way
 
 STATE_FILE = "train_state.safetensors"
 CONFIG_FILE = "config.json"
@@ -117,9 +117,9 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
 
 def check_run_folder_shape(run_dir: Path) -> None:
     """Raise TfmError if `run_dir`, or a folder above it, is a file: --run names a folder."""
-    for folder in [run_dir, *run_dir.parents]:
-        if folder.exists() and not folder.is_dir():
-            raise TfmError(f"{folder}: is a file, not a folder; --run needs a folder (new or a run to resume)")
+    blocking = file_in_the_way(run_dir)
+    if blocking is not None:
+        raise TfmError(f"{blocking}: is a file, not a folder; --run needs a folder (new or a run to resume)")
 
 
 def check_run_dir(recipe: Recipe, run_dir: Path, resume: bool) -> None:
