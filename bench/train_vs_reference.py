@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.config import ModelConfig
-from tfm_cli.special_ids import PAD_ID
-from tfm_cli.data import Batch, batch_indices, collate, epoch_generator, read_parallel, tokenize_parallel
+from tfm_cli.corpus_cache import FilterSettings, prepare_corpus
+from tfm_cli.data import Batch, batch_indices, collate, epoch_generator
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table
+from tfm_cli.special_ids import EOS_ID, PAD_ID
 from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 from tfm_cli.training.step import StepSettings, train_step
 
@@ -115,7 +116,10 @@ def load_batches(data_dir: Path, workdir: Path, vocab_size: int, max_tokens: int
     if not spm_path.is_file():
         train_sentencepiece([data_dir / "train.de", data_dir / "train.en"], workdir / "bench-spm", TokenizerTrainConfig(vocab_size=vocab_size))
     tokenizer = Tokenizer.from_file(spm_path)
-    corpus = tokenize_parallel(read_parallel(data_dir / "train.de", data_dir / "train.en", "training"), tokenizer, tokenizer, 128)
+    corpus = prepare_corpus(
+        [(data_dir / "train.de", data_dir / "train.en")], tokenizer, tokenizer, FilterSettings(max_length=128),
+        workdir / "cache", "train", EOS_ID,
+    ).corpus
     indices = batch_indices(corpus.src_lengths, corpus.tgt_lengths, max_tokens, epoch_generator(1, 0))
     return tokenizer, [collate(corpus, rows) for rows in indices[:n_batches]]
 

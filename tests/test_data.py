@@ -1,102 +1,22 @@
-"""Data: reading with file:line errors, filtering counts, the tokenized cache, token-budget batches, padding."""
+"""Data: token-budget batches, epochs of weighted corpora, padding (preparing corpora: test_corpus_cache.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 from tfm_cli.data import (
+    EpochSampler,
     FilterStats,
     TokenizedCorpus,
     batch_indices,
     collate,
     epoch_generator,
+    epoch_rows,
     flatten,
-    load_or_tokenize,
-    read_parallel,
-    read_text_file,
-    tokenize_parallel,
+    sorted_batches,
 )
-from tfm_cli.errors import TfmError
-from tfm_cli.tokenizer import Tokenizer
-
-
-def test_read_text_file_handles_crlf_and_missing_final_newline(tmp_path):
-    path = tmp_path / "a.txt"
-    path.write_bytes(b"eins\r\nzwei\n\ndrei")
-    assert read_text_file(path, "test").lines == ["eins", "zwei", "", "drei"]
-
-
-def test_invalid_utf8_is_reported_with_file_and_line(tmp_path):
-    path = tmp_path / "bad.de"
-    path.write_bytes(b"gut\nauch gut\nschlecht \xff\n")
-    with pytest.raises(TfmError, match=r"bad\.de:3: invalid UTF-8"):
-        read_text_file(path, "test")
-
-
-def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
-    (tmp_path / "a.de").write_text("1\n2\n3\n")
-    (tmp_path / "a.en").write_text("1\n2\n")
-    with pytest.raises(TfmError, match=r"a\.de has 3 lines but .*a\.en has 2"):
-        read_parallel(tmp_path / "a.de", tmp_path / "a.en", "training")
-
-
-def test_filtering_counts_empty_and_too_long_pairs(tmp_path, small_spm):
-    tokenizer = Tokenizer.from_file(small_spm)
-    long_line = "the man " * 40
-    (tmp_path / "s").write_text(f"the dog sees my cat\n\nthe two cats\n{long_line}\nmy tree\n", encoding="utf-8")
-    (tmp_path / "t").write_text("la hundo mia kato vidas\nnenio\n   \nla viro\nmia arbo\n", encoding="utf-8")
-    text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
-    corpus = tokenize_parallel(text, tokenizer, tokenizer, max_length=20)
-    assert corpus.stats == FilterStats(read=5, kept=2, empty=2, too_long=1)
-    assert corpus.line_numbers.tolist() == [0, 4]
-    first = corpus.src_tokens[corpus.src_offsets[0] : corpus.src_offsets[1]].tolist()
-    assert first == tokenizer.encode_ids("the dog sees my cat") + [EOS_ID]
-
-
-def test_tokenized_cache_is_reused_and_keyed_by_content(tmp_path, small_spm):
-    tokenizer = Tokenizer.from_file(small_spm)
-    (tmp_path / "s").write_text("the dog\nmy cat\n", encoding="utf-8")
-    (tmp_path / "t").write_text("la hundo\nmia kato\n", encoding="utf-8")
-    cache = tmp_path / "cache"
-    text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
-    first, cached_first = load_or_tokenize(text, tokenizer, tokenizer, 64, cache, "train")
-    second, cached_second = load_or_tokenize(text, tokenizer, tokenizer, 64, cache, "train")
-    assert (cached_first, cached_second) == (False, True)
-    assert torch.equal(first.src_tokens, second.src_tokens) and torch.equal(first.tgt_offsets, second.tgt_offsets)
-    (tmp_path / "t").write_text("la hundo\nmia kato malgranda\n", encoding="utf-8")
-    changed = read_parallel(tmp_path / "s", tmp_path / "t", "test")
-    third, cached_third = load_or_tokenize(changed, tokenizer, tokenizer, 64, cache, "train")
-    assert not cached_third
-    assert third.tgt_tokens.numel() > first.tgt_tokens.numel()
-
-
-@pytest.mark.parametrize("damage", ["token out of range", "offsets past the end", "stats a list", "not safetensors"])
-def test_a_damaged_cache_entry_is_rebuilt_not_used(tmp_path, small_spm, damage):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    tokenizer = Tokenizer.from_file(small_spm)
-    (tmp_path / "s").write_text("the dog\nmy cat\n", encoding="utf-8")
-    (tmp_path / "t").write_text("la hundo\nmia kato\n", encoding="utf-8")
-    text = read_parallel(tmp_path / "s", tmp_path / "t", "test")
-    good, _ = load_or_tokenize(text, tokenizer, tokenizer, 64, tmp_path / "cache", "train")
-    (entry,) = (tmp_path / "cache").iterdir()
-    with safe_open(str(entry), framework="pt") as f:
-        tensors, metadata = {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata())
-    if damage == "token out of range":
-        tensors["tgt_tokens"][0] = tokenizer.vocab_size
-    elif damage == "offsets past the end":
-        tensors["src_offsets"][-1] += 5
-    elif damage == "stats a list":
-        metadata["stats"] = "[1, 2]"
-    save_file(tensors, str(entry), metadata=metadata)
-    if damage == "not safetensors":
-        entry.write_bytes(b"garbage")
-    again, cached = load_or_tokenize(text, tokenizer, tokenizer, 64, tmp_path / "cache", "train")
-    assert not cached
-    assert torch.equal(again.tgt_tokens, good.tgt_tokens) and torch.equal(again.src_offsets, good.src_offsets)
+from tfm_cli.distributed import World
+from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
 def random_lengths(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +47,7 @@ def test_batch_order_depends_on_seed_and_epoch_only():
 def test_collate_pads_and_shifts_targets():
     src_tokens, src_offsets = flatten([[10, 11, 12], [20]])
     tgt_tokens, tgt_offsets = flatten([[30], [40, 41, 42]])
-    corpus = TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(2), FilterStats(2, 2, 0, 0))
+    corpus = TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(2), (FilterStats(2, 2, 0, 0),))
     batch = collate(corpus, torch.tensor([1, 0]))
     P, B, E = PAD_ID, BOS_ID, EOS_ID
     assert batch.src.tolist() == [[20, E, P, P], [10, 11, 12, E]]
@@ -136,3 +56,65 @@ def test_collate_pads_and_shifts_targets():
     assert batch.targets.tolist() == [40, 41, 42, E, 30, E]
     assert batch.tgt_out.view(-1)[batch.target_index].tolist() == batch.targets.tolist()
     assert (batch.n_src_tokens, batch.n_tgt_tokens, batch.n_padded_tokens) == (6, 6, 16)
+
+
+def greedy_reference(src_lengths, tgt_lengths, max_tokens, seed, epoch):
+    """The batching rule written out plainly, list by list: shuffle, sort by target then source length
+    (stable), cut a batch where one more sentence would break the budget, shuffle the batches."""
+    generator = epoch_generator(seed, epoch)
+    order = torch.randperm(len(src_lengths), generator=generator).tolist()
+    order.sort(key=lambda i: int(tgt_lengths[i]))
+    order.sort(key=lambda i: int(src_lengths[i]))
+    batches, current = [], []
+    for i in order:
+        longest = max([int(src_lengths[j]) for j in current + [i]] + [int(tgt_lengths[j]) for j in current + [i]])
+        if current and (len(current) + 1) * longest > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    batches.append(current)
+    return [batches[k] for k in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def test_batches_equal_the_plainly_written_rule():
+    src_lengths, tgt_lengths = random_lengths(700, 3)
+    batches = batch_indices(src_lengths, tgt_lengths, 250, epoch_generator(5, 2))
+    assert [b.tolist() for b in batches] == greedy_reference(src_lengths, tgt_lengths, 250, 5, 2)
+
+
+def test_batching_in_chunks_changes_nothing(monkeypatch):
+    src_lengths, tgt_lengths = random_lengths(600, 4)
+    whole = sorted_batches(src_lengths, tgt_lengths, 200, epoch_generator(1, 0))
+    monkeypatch.setattr("tfm_cli.data.BATCHING_CHUNK", 7)
+    chunked = sorted_batches(src_lengths, tgt_lengths, 200, epoch_generator(1, 0))
+    assert torch.equal(whole.order, chunked.order) and torch.equal(whole.starts, chunked.starts)
+
+
+def test_epoch_rows_take_each_corpus_by_its_weight():
+    parts = [(0, 100, 1.0), (100, 10, 3.0), (110, 40, 0.5)]
+    rows = epoch_rows(parts, seed=1, epoch=0)
+    counts = torch.bincount(rows, minlength=150)
+    assert counts[:100].tolist() == [1] * 100
+    assert counts[100:110].tolist() == [3] * 10
+    assert sorted(counts[110:].tolist()) == [0] * 20 + [1] * 20  # a seeded half of the last corpus
+    assert torch.equal(rows, epoch_rows(parts, seed=1, epoch=0))
+    assert not torch.equal(rows, epoch_rows(parts, seed=1, epoch=1))  # another half next epoch
+    assert epoch_rows([(0, 100, 1.0), (100, 10, 1.0)], seed=1, epoch=0) is None  # all weights 1: every row once
+
+
+def test_weighted_epochs_batch_the_sampled_rows_and_split_them_between_ranks():
+    src_lengths, tgt_lengths = random_lengths(120, 5)
+    parts = [(0, 100, 1.0), (100, 20, 2.0)]
+    samplers = [EpochSampler(src_lengths, tgt_lengths, 150, 3, 1, World(rank, 2, rank), parts) for rank in (0, 1)]
+    seen = []
+    epoch, position = 0, 0
+    while epoch == 0:
+        (rank0,), next_epoch, next_position = samplers[0].update(epoch, position)
+        (rank1,), *_ = samplers[1].update(epoch, position)
+        seen += rank0.tolist() + rank1.tolist()
+        epoch, position = next_epoch, next_position
+    counts = torch.bincount(torch.tensor(seen), minlength=120)
+    # Batches cut to a multiple of the 2 ranks may drop one batch; every other row comes by its weight.
+    assert counts.sum() >= 140 - 150 // 2
+    assert set(counts[:100].tolist()) <= {0, 1} and set(counts[100:].tolist()) <= {0, 1, 2}
+    assert int(counts[100:].sum()) >= 40 - 150 // 2

@@ -217,7 +217,7 @@ def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, letters):
     result = train(tmp_path / "run", options)
     assert result.exit_code == 0, result.stderr
     assert "train data: 200 pairs read, 197 kept" in result.stderr
-    assert "skipped 2 pairs with an empty side and 1 pair over data.max_length (64) tokens" in result.stderr
+    assert "skipped 2 pairs with an empty side, 1 pair over data.max_length (64) tokens" in result.stderr
 
 
 @pytest.mark.parametrize(

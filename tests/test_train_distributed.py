@@ -1,8 +1,9 @@
 """`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, failing ranks.
 
-Five torchrun launches in all (each a few seconds of torch imports): a straight 2-process run; a
+Six torchrun launches in all (each a few seconds of torch imports): a straight 2-process run; a
 2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
-whose rank 0 fails while preparing the data; and one with fewer batches than ranks.
+whose rank 0 fails while preparing the data; one with fewer batches than ranks; and one whose rank 0
+prepares for longer than train.dist_timeout (tfm_cli.distributed.PREPARE_DELAY_ENV).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
-from tfm_cli.distributed import FAIL_AT_ENV
+from tfm_cli.distributed import FAIL_AT_ENV, PREPARE_DELAY_ENV
 from tfm_cli.training.run_dir import STATE_FILE
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
@@ -168,3 +169,12 @@ def test_fewer_batches_than_ranks_is_refused_on_every_rank(tmp_path, data):
         assert "makes 1 batch(es) (train.max_tokens=100000) but there are 2 processes" in line
         assert "lower train.max_tokens or use fewer processes" in line
     assert not (tmp_path / "run" / STATE_FILE).exists()
+
+
+def test_the_wait_for_rank_0_to_prepare_is_not_bounded_by_the_training_timeout(tmp_path, data):
+    """Rank 0 prepares for 8 s while train.dist_timeout is 3 s: rank 1 waits in a group of its own."""
+    run = tmp_path / "slow"
+    result = torchrun(run, options(data, dist_timeout=3, max_steps=2), env={PREPARE_DELAY_ENV: "8"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0 prepares the data; 1 other rank(s) wait for it" in result.stderr
+    assert (run / "checkpoint_00000002.safetensors").is_file()

@@ -390,7 +390,7 @@ class TokenizerTrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the parallel text is, and which pairs training keeps."""
+    """Where the parallel text is, which pairs training keeps, and where the prepared corpus is kept."""
 
     train_src: str
     train_tgt: str
@@ -398,6 +398,20 @@ class DataConfig:
     valid_tgt: str = ""
     # Pairs with more subword tokens than this on either side (EOS included) are skipped and counted.
     max_length: int = 256
+    # Pairs whose longer side has more than this many times the tokens of the shorter are skipped
+    # (misaligned lines in crawled data); 0 keeps every ratio.
+    max_length_ratio: float = 0.0
+    # Skip pairs whose two sides are the same text (untranslated copies in crawled data).
+    skip_identical: bool = False
+    # A line that is not valid UTF-8: "fail" stops with its file and line; "skip" drops the pair and counts it.
+    invalid_utf8: str = "fail"
+    # How often an epoch takes each training pair of train_src/train_tgt: 2.0 twice, 0.5 a seeded half.
+    train_weight: float = 1.0
+    # More training corpora, each {src, tgt, weight}: e.g. a small in-domain corpus with weight 3.
+    more_train: tuple[TrainCorpus, ...] = ()
+    # Where prepared (tokenized) corpora and trained tokenizers are kept; empty: RUN/cache. A folder
+    # shared by several runs prepares each corpus once.
+    cache_dir: str = ""
 
     def __post_init__(self) -> None:
         for name in ("train_src", "train_tgt"):
@@ -407,6 +421,58 @@ class DataConfig:
             raise TfmError("data.valid_src and data.valid_tgt must be given together")
         if self.max_length < 2:
             raise TfmError(f"data.max_length must be at least 2, got {self.max_length}")
+        if not (self.max_length_ratio == 0 or self.max_length_ratio >= 1):
+            raise TfmError(f"data.max_length_ratio must be 0 (off) or at least 1, got {self.max_length_ratio}")
+        if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
+            raise TfmError(f"data.invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, got {self.invalid_utf8!r}")
+        check_corpus_weight(self.train_weight, "data.train_weight")
+
+    @property
+    def train_corpora(self) -> tuple[TrainCorpus, ...]:
+        """Every training corpus, train_src/train_tgt first."""
+        return (TrainCorpus(self.train_src, self.train_tgt, self.train_weight), *self.more_train)
+
+
+INVALID_UTF8_POLICIES = ("fail", "skip")
+MAX_CORPUS_WEIGHT = 1000.0
+
+
+def check_corpus_weight(weight: float, key: str) -> None:
+    """Raise TfmError unless 0 < weight <= MAX_CORPUS_WEIGHT."""
+    if not 0 < weight <= MAX_CORPUS_WEIGHT:
+        raise TfmError(f"{key} must be above 0 and at most {MAX_CORPUS_WEIGHT:.0f}, got {weight}")
+
+
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One training corpus: its source and target files, and how often an epoch takes each of its pairs."""
+
+    src: str
+    tgt: str
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_corpus_weight(self.weight, "weight")
+
+
+def train_corpora_from_list(values: Any, key: str) -> tuple[TrainCorpus, ...]:
+    """data.more_train as TrainCorpus entries: a list of {src, tgt, weight} tables; TfmError naming the entry."""
+    if not isinstance(values, (list, tuple)):
+        raise TfmError(f"{key} must be a list of {{src, tgt, weight}} tables, got {values!r}")
+    corpora = []
+    for index, table in enumerate(values):
+        where = f"{key}[{index}]"
+        if not isinstance(table, dict):
+            raise TfmError(f"{where} must be a table {{src, tgt, weight}}, got {table!r}")
+        try:
+            corpus = config_from_dict(TrainCorpus, table, where)
+        except TfmError as error:
+            message = str(error)
+            raise TfmError(message if where in message else f"{where}.{message}") from None
+        if not corpus.src or not corpus.tgt:
+            raise TfmError(f"{where} needs both src and tgt files")
+        corpora.append(corpus)
+    return tuple(corpora)
 
 
 @dataclass(frozen=True)
@@ -433,7 +499,10 @@ RECIPE_SECTIONS = ("data", "tokenizer", "model", "train", "decode")
 # The DecodeConfig fields a recipe's [decode] section sets: the decoding settings a model was tuned
 # with, recorded in every checkpoint of the run (tfm translate uses them unless a flag overrides).
 RECIPE_DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
-PATH_KEYS = {"data": ("train_src", "train_tgt", "valid_src", "valid_tgt"), "tokenizer": ("src_model", "tgt_model")}
+PATH_KEYS = {
+    "data": ("train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir"),
+    "tokenizer": ("src_model", "tgt_model"),
+}
 VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 
 
@@ -458,8 +527,10 @@ class Recipe:
         if self.tokenizer.train is not None:
             tokenizer.update(config_to_dict(self.tokenizer.train))
             tokenizer["user_defined_symbols"] = list(tokenizer["user_defined_symbols"])
+        data = config_to_dict(self.data)
+        data["more_train"] = [dict(corpus) for corpus in data["more_train"]]
         return {
-            "data": config_to_dict(self.data),
+            "data": data,
             "tokenizer": tokenizer,
             "model": config_to_dict(self.model),
             "train": config_to_dict(self.train),
@@ -480,7 +551,10 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
             raise TfmError(f"[{section}] must be a table of keys, got {values[section]!r}")
     if "data" not in values:
         raise TfmError("the recipe has no [data] section (train_src, train_tgt, valid_src, valid_tgt)")
-    data = config_from_dict(DataConfig, values["data"], "data")
+    data_values = dict(values["data"])
+    more_train = train_corpora_from_list(data_values.pop("more_train", []), "data.more_train")
+    data = config_from_dict(DataConfig, {**data_values, "more_train": ()}, "data")
+    data = dataclasses.replace(data, more_train=more_train)
     tokenizer_values = dict(values.get("tokenizer", {}))
     own = {key: tokenizer_values.pop(key) for key in TOKENIZER_OWN_KEYS if key in tokenizer_values}
     train_fields = {f.name for f in dataclasses.fields(TokenizerTrainConfig)}
@@ -577,6 +651,21 @@ def resolve_paths(values: dict[str, Any], base: Path) -> None:
             for key in keys:
                 if key in table:
                     table[key] = expand_path(f"{section}.{key}", table[key], base)
+    data = values.get("data")
+    if isinstance(data, dict) and "more_train" in data:
+        resolve_more_train(data, base)
+
+
+def resolve_more_train(data: dict[str, Any], base: Path) -> None:
+    """Make the src and tgt paths of data.more_train's tables absolute against `base` (in place)."""
+    corpora = data["more_train"]
+    if not isinstance(corpora, list):
+        return  # train_corpora_from_list names the mistake
+    for index, table in enumerate(corpora):
+        if isinstance(table, dict):
+            for key in ("src", "tgt"):
+                if key in table:
+                    table[key] = expand_path(f"data.more_train[{index}].{key}", table[key], base)
 
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
@@ -617,6 +706,8 @@ def apply_overrides(values: dict[str, Any], overrides: list[str], cwd: Path) -> 
         if key in PATH_KEYS.get(section, ()):
             value = expand_path(f"{section}.{key}", value, cwd)
         values.setdefault(section, {})[key] = value
+        if (section, key) == ("data", "more_train"):
+            resolve_more_train(values["data"], cwd)
 
 
 def load_recipe(

@@ -1,27 +1,25 @@
-"""Parallel text for training: reading with clear errors, filtering, a tokenized cache, token-budget batches.
+"""Tokenized parallel text for training: the corpus in memory, epochs of token-budget batches, padding.
 
 Sources are stored as `ids + [eos]`, targets as `ids + [eos]` (the decoder input is `[bos] + ids`).
-Nothing here knows about models or optimizers; batches are plain padded tensors.
+Reading and tokenizing the text is corpus_cache.py's job. Nothing here knows about models or
+optimizers; batches are plain padded tensors.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import array
+import dataclasses
+import math
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
 
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
-from tfm_cli.textio import atomic_write_bytes, check_input_file, make_folder
-from tfm_cli.tokenizer import Tokenizer
 
-CACHE_VERSION = 1
+BATCHING_CHUNK = 1 << 20  # sorted lengths turned into Python ints this many at a time (bounded memory)
 
 
 @dataclass(frozen=True)
@@ -40,80 +38,44 @@ class SpecialIds:
 
 
 @dataclass(frozen=True)
-class TextFile:
-    """The lines of one UTF-8 text file (line endings removed) and the SHA-256 of its bytes."""
-
-    path: Path
-    lines: list[str]
-    sha256: str
-
-
-@dataclass(frozen=True)
-class ParallelText:
-    """Source and target lines of equal count."""
-
-    src: TextFile
-    tgt: TextFile
-
-
-def read_text_file(path: str | Path, what: str) -> TextFile:
-    """Read a whole UTF-8 text file. Raises TfmError with file:line for invalid UTF-8.
-
-    LF and CRLF endings are both removed; a missing final newline is fine.
-    """
-    path = check_input_file(path, what)
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1)
-        raise TfmError(
-            f"{path}:{line}: invalid UTF-8 at byte {column} of the line; convert the file to UTF-8"
-        ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    return TextFile(path=path, lines=lines, sha256=hashlib.sha256(data).hexdigest())
-
-
-def read_parallel(src_path: str | Path, tgt_path: str | Path, what: str) -> ParallelText:
-    """Read a source and a target file; raises TfmError naming both files if their line counts differ."""
-    src = read_text_file(src_path, f"{what} source")
-    tgt = read_text_file(tgt_path, f"{what} target")
-    if len(src.lines) != len(tgt.lines):
-        raise TfmError(
-            f"{what} data: {src.path} has {len(src.lines)} lines but {tgt.path} has {len(tgt.lines)}; "
-            "parallel files need one sentence per line on both sides"
-        )
-    return ParallelText(src, tgt)
-
-
-@dataclass(frozen=True)
 class FilterStats:
-    """What filtering kept and skipped."""
+    """What filtering one corpus kept and skipped; each skipped pair is counted once, by the first reason."""
 
     read: int
     kept: int
     empty: int  # pairs with an empty (or whitespace-only) side
     too_long: int  # pairs with more than max_length tokens on a side, EOS included
+    ratio: int = 0  # pairs whose longer side has more than max_length_ratio times the shorter's tokens
+    identical: int = 0  # pairs whose sides are the same text (skip_identical)
+    invalid_utf8: int = 0  # pairs with a side that is not UTF-8 (invalid_utf8 = "skip")
+    invalid_examples: tuple[str, ...] = ()  # "file:line" of the first few of those
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         """The counts as a JSON-ready dict."""
-        return {"read": self.read, "kept": self.kept, "empty": self.empty, "too_long": self.too_long}
+        values = dataclasses.asdict(self)
+        values["invalid_examples"] = list(self.invalid_examples)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> FilterStats:
+        """The inverse of to_dict."""
+        return cls(**{**values, "invalid_examples": tuple(values.get("invalid_examples", ()))})
 
 
 @dataclass
 class TokenizedCorpus:
-    """Kept sentence pairs as flat token tensors with offsets (cheap to cache, slice and batch)."""
+    """Kept sentence pairs as flat token tensors with offsets (cheap to cache, slice and batch).
+
+    A corpus prepared from several files holds their pairs one corpus after another: part i is the
+    rows [sum(kept of parts before i), + stats[i].kept). The tensors may be memory-mapped files.
+    """
 
     src_tokens: torch.Tensor  # (total source tokens,) int32, each sentence ending in EOS
     src_offsets: torch.Tensor  # (N + 1,) int64: sentence i is src_tokens[off[i]:off[i+1]]
     tgt_tokens: torch.Tensor  # (total target tokens,) int32, each sentence ending in EOS
     tgt_offsets: torch.Tensor  # (N + 1,) int64
-    line_numbers: torch.Tensor  # (N,) int64, the 0-based input line of each kept pair
-    stats: FilterStats
+    line_numbers: torch.Tensor  # (N,) int64, the 0-based input line of each kept pair (in its own file)
+    stats: tuple[FilterStats, ...]  # one per input corpus
 
     def __len__(self) -> int:
         return self.line_numbers.numel()
@@ -128,6 +90,14 @@ class TokenizedCorpus:
         """(N,) int64 target lengths, EOS included (= decoder input length with BOS)."""
         return self.tgt_offsets[1:] - self.tgt_offsets[:-1]
 
+    def part_rows(self) -> list[tuple[int, int]]:
+        """(first row, row count) of each input corpus's pairs."""
+        rows, start = [], 0
+        for stats in self.stats:
+            rows.append((start, stats.kept))
+            start += stats.kept
+        return rows
+
 
 def flatten(sequences: list[list[int]], eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (flat (total,) int32 with `eos_id` after each, offsets (N + 1,) int64)."""
@@ -138,136 +108,94 @@ def flatten(sequences: list[list[int]], eos_id: int = EOS_ID) -> tuple[torch.Ten
     return torch.tensor(flat, dtype=torch.int32), offsets
 
 
-def tokenize_parallel(
-    text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int, eos_id: int = EOS_ID
-) -> TokenizedCorpus:
-    """Encode every pair (each side + `eos_id`), skipping (and counting) empty pairs and pairs over
-    `max_length` tokens with EOS. Returns the kept pairs as a TokenizedCorpus."""
-    candidates = [i for i, (s, t) in enumerate(zip(text.src.lines, text.tgt.lines)) if s.strip() and t.strip()]
-    src_ids = src_tokenizer.encode_ids_batch([text.src.lines[i] for i in candidates])
-    tgt_ids = tgt_tokenizer.encode_ids_batch([text.tgt.lines[i] for i in candidates])
-    kept = [k for k in range(len(candidates)) if len(src_ids[k]) < max_length and len(tgt_ids[k]) < max_length]
-    src_tokens, src_offsets = flatten([src_ids[k] for k in kept], eos_id)
-    tgt_tokens, tgt_offsets = flatten([tgt_ids[k] for k in kept], eos_id)
-    stats = FilterStats(
-        read=len(text.src.lines),
-        kept=len(kept),
-        empty=len(text.src.lines) - len(candidates),
-        too_long=len(candidates) - len(kept),
-    )
-    line_numbers = torch.tensor([candidates[k] for k in kept], dtype=torch.int64)
-    return TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, line_numbers, stats)
+@dataclass(frozen=True)
+class EpochBatches:
+    """The batches of one epoch without a tensor per batch: batch k is
+    order[starts[k]:starts[k + 1]], k in training order."""
+
+    order: torch.Tensor  # (M,) int64 corpus rows, batch after batch
+    starts: torch.Tensor  # (batches + 1,) int64
+
+    def __len__(self) -> int:
+        return self.starts.numel() - 1
+
+    def batch(self, k: int) -> torch.Tensor:
+        """(B,) int64 corpus rows of batch k."""
+        return self.order[int(self.starts[k]) : int(self.starts[k + 1])]
+
+    def truncated(self, count: int) -> EpochBatches:
+        """The first `count` batches."""
+        return EpochBatches(self.order[: int(self.starts[count])], self.starts[: count + 1])
 
 
-def cache_key(text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int) -> str:
-    """A hex digest of everything the tokenized corpus depends on: file bytes, tokenizer bytes (and the
-    piece table that numbers an imported model's pieces), max_length."""
-    parts = [
-        f"v{CACHE_VERSION}",
-        text.src.sha256,
-        text.tgt.sha256,
-        hashlib.sha256(src_tokenizer.model_bytes).hexdigest(),
-        hashlib.sha256(tgt_tokenizer.model_bytes).hexdigest(),
-        str(max_length),
-    ]
-    for tokenizer in (src_tokenizer, tgt_tokenizer):
-        if tokenizer.vocabulary is not None:
-            parts.append(hashlib.sha256(json.dumps(list(tokenizer.vocabulary)).encode()).hexdigest())
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def load_or_tokenize(
-    text: ParallelText, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, max_length: int, cache_dir: Path, name: str,
-    eos_id: int = EOS_ID,
-) -> tuple[TokenizedCorpus, bool]:
-    """The tokenized corpus from `cache_dir` if an entry with the same key exists, else tokenize and store it.
-
-    Returns (corpus, True if it came from the cache). A damaged cache file is ignored and rewritten.
-    The key leaves `eos_id` out: it is the tokenizer's own EOS, which the tokenizer bytes already fix.
-    """
-    key = cache_key(text, src_tokenizer, tgt_tokenizer, max_length)
-    path = cache_dir / f"{name}-{key[:20]}.safetensors"
-    if path.is_file():
-        corpus = read_cached(path, key, src_tokenizer.vocab_size, tgt_tokenizer.vocab_size)
-        if corpus is not None:
-            return corpus, True
-    corpus = tokenize_parallel(text, src_tokenizer, tgt_tokenizer, max_length, eos_id)
-    make_folder(cache_dir, "cache folder")
-    tensors = {
-        "src_tokens": corpus.src_tokens,
-        "src_offsets": corpus.src_offsets,
-        "tgt_tokens": corpus.tgt_tokens,
-        "tgt_offsets": corpus.tgt_offsets,
-        "line_numbers": corpus.line_numbers,
-    }
-    metadata = {"key": key, "stats": json.dumps(corpus.stats.to_dict())}
-    atomic_write_bytes(path, save(tensors, metadata=metadata))
-    return corpus, False
-
-
-def read_cached(path: Path, key: str, src_vocab_size: int, tgt_vocab_size: int) -> TokenizedCorpus | None:
-    """A cached corpus, or None if the file is unreadable, inconsistent, or was written for another key."""
-    try:
-        tensors = load_file(str(path))
-        with open(path, "rb") as f:
-            header_size = int.from_bytes(f.read(8), "little")
-            metadata = json.loads(f.read(header_size)).get("__metadata__", {})
-        if metadata.get("key") != key:
-            return None
-        stats = FilterStats(**json.loads(metadata["stats"]))
-        corpus = TokenizedCorpus(
-            tensors["src_tokens"], tensors["src_offsets"], tensors["tgt_tokens"], tensors["tgt_offsets"],
-            tensors["line_numbers"], stats,
-        )
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if corpus.line_numbers.dim() != 1:
-        return None
-    sides = ((corpus.src_tokens, corpus.src_offsets, src_vocab_size), (corpus.tgt_tokens, corpus.tgt_offsets, tgt_vocab_size))
-    return corpus if all(consistent_side(*side, len(corpus.line_numbers)) for side in sides) else None
-
-
-def consistent_side(tokens: torch.Tensor, offsets: torch.Tensor, vocab_size: int, pairs: int) -> bool:
-    """Whether one side of a cached corpus is well formed: `pairs` + 1 non-decreasing integer offsets
-    from 0 to len(tokens), and token ids in [0, vocab_size)."""
-    if tokens.dim() != 1 or offsets.dim() != 1 or tokens.is_floating_point() or offsets.is_floating_point():
-        return False
-    if len(offsets) != pairs + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(tokens):
-        return False
-    if bool((offsets[1:] < offsets[:-1]).any()):
-        return False
-    return len(tokens) == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size)
-
-
-def batch_indices(
+def sorted_batches(
     src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, generator: torch.Generator | None
-) -> list[torch.Tensor]:
+) -> EpochBatches:
     """Group sentence indices into batches of similar length within a token budget.
 
     Each batch satisfies B * max(src len) <= max_tokens and B * max(tgt len) <= max_tokens
     (a sentence longer than the budget gets a batch of its own). With a generator, ties in length
     are broken randomly and the batch order is shuffled; without one, batches follow length order.
-    Returns a list of (B,) int64 index tensors.
+    Returns EpochBatches over indices into the length tensors (N,).
     """
     count = src_lengths.numel()
     order = torch.randperm(count, generator=generator) if generator is not None else torch.arange(count)
     # Two stable sorts: by target length, then by source length, so lengths within a batch are close.
     order = order[torch.sort(tgt_lengths[order], stable=True).indices]
     order = order[torch.sort(src_lengths[order], stable=True).indices]
-    src_sorted = src_lengths[order].tolist()
-    tgt_sorted = tgt_lengths[order].tolist()
-    batches, start, longest_src, longest_tgt = [], 0, 0, 0
-    for i, (s, t) in enumerate(zip(src_sorted, tgt_sorted)):
-        new_src, new_tgt = max(longest_src, s), max(longest_tgt, t)
-        if i > start and (i - start + 1) * max(new_src, new_tgt) > max_tokens:
-            batches.append(order[start:i])
-            start, new_src, new_tgt = i, s, t
-        longest_src, longest_tgt = new_src, new_tgt
-    if start < count:
-        batches.append(order[start:])
+    longest_sorted = torch.maximum(src_lengths[order], tgt_lengths[order])  # (N,)
+    starts = array.array("q", [0])
+    start = longest = 0
+    for base in range(0, count, BATCHING_CHUNK):
+        for i, length in enumerate(longest_sorted[base : base + BATCHING_CHUNK].tolist(), start=base):
+            longest = max(longest, length)
+            if i > start and (i - start + 1) * longest > max_tokens:
+                starts.append(i)
+                start, longest = i, length
+    if count:
+        starts.append(count)
+    bounds = torch.frombuffer(starts, dtype=torch.int64).clone()  # (batches + 1,)
     if generator is not None:
-        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-    return batches
+        # Shuffle the batches: gather each one's rows in the new order.
+        permutation = torch.randperm(len(bounds) - 1, generator=generator)
+        sizes = (bounds[1:] - bounds[:-1])[permutation]
+        new_starts = torch.zeros_like(bounds)
+        torch.cumsum(sizes, 0, out=new_starts[1:])
+        # Row j of the new order comes from old position bounds[batch] + (j - new_starts[batch]).
+        batch_of_row = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+        source = bounds[permutation][batch_of_row] + torch.arange(count) - new_starts[batch_of_row]
+        order, bounds = order[source], new_starts
+    return EpochBatches(order, bounds)
+
+
+def batch_indices(
+    src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, generator: torch.Generator | None
+) -> list[torch.Tensor]:
+    """sorted_batches as a list of (B,) int64 index tensors, in batch order (for small corpora)."""
+    batches = sorted_batches(src_lengths, tgt_lengths, max_tokens, generator)
+    return [batches.batch(k) for k in range(len(batches))]
+
+
+def epoch_rows(parts: list[tuple[int, int, float]], seed: int, epoch: int) -> torch.Tensor | None:
+    """The corpus rows epoch `epoch` trains on, given (first row, rows, weight) of each input corpus.
+
+    A weight w takes every row of its corpus floor(w) times plus a random share w - floor(w) of them,
+    drawn from (seed, epoch) alone. Returns (M,) int64 rows, or None when every weight is 1 (each row once).
+    """
+    if all(weight == 1.0 for _, _, weight in parts):
+        return None
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + SAMPLING_STREAM)
+    pieces = []
+    for first, rows, weight in parts:
+        whole = math.floor(weight)
+        pieces.extend([torch.arange(first, first + rows)] * whole)
+        share = round((weight - whole) * rows)
+        if share:
+            pieces.append(first + torch.randperm(rows, generator=generator)[:share].sort().values)
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+
+
+SAMPLING_STREAM = 1 << 40  # keeps the weighted-sampling generator apart from the batching one of the same epoch
 
 
 class EpochSampler:
@@ -276,24 +204,31 @@ class EpochSampler:
     With W ranks an epoch's batch list is cut to a multiple of W (dropping fewer than W batches,
     which the next epoch's shuffle puts elsewhere) so that every rank does the same updates. An
     update takes the next update_freq * W batches; rank r trains on every W-th of them from the r-th.
+    Corpora with weights other than 1 (`parts`: first row, rows, weight) are sampled per epoch (epoch_rows).
     """
 
     def __init__(
         self, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, seed: int,
-        update_freq: int, world: World,
+        update_freq: int, world: World, parts: list[tuple[int, int, float]] | None = None,
     ) -> None:
         self.src_lengths, self.tgt_lengths = src_lengths, tgt_lengths
         self.max_tokens, self.seed, self.update_freq, self.world = max_tokens, seed, update_freq, world
-        self.cached: tuple[int, list[torch.Tensor]] | None = None
+        self.parts = parts or [(0, src_lengths.numel(), 1.0)]
+        self.cached: tuple[int, EpochBatches] | None = None
 
-    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
-        """The batches (index tensors) of epoch `epoch`, the same list on every rank.
+    def epoch_batches(self, epoch: int) -> EpochBatches:
+        """The batches of epoch `epoch`, the same on every rank.
 
         Raises TfmError (on every rank alike) if there are fewer batches than ranks: a rank would have none.
         """
         if self.cached is None or self.cached[0] != epoch:
             generator = epoch_generator(self.seed, epoch)
-            batches = batch_indices(self.src_lengths, self.tgt_lengths, self.max_tokens, generator)
+            rows = epoch_rows(self.parts, self.seed, epoch)
+            if rows is None:
+                batches = sorted_batches(self.src_lengths, self.tgt_lengths, self.max_tokens, generator)
+            else:
+                batches = sorted_batches(self.src_lengths[rows], self.tgt_lengths[rows], self.max_tokens, generator)
+                batches = EpochBatches(rows[batches.order], batches.starts)
             world_size = self.world.world_size
             if len(batches) < world_size:
                 raise TfmError(
@@ -301,7 +236,7 @@ class EpochSampler:
                     f"but there are {world_size} processes and each needs at least one; lower train.max_tokens "
                     "or use fewer processes"
                 )
-            self.cached = (epoch, batches[: len(batches) // world_size * world_size])
+            self.cached = (epoch, batches.truncated(len(batches) // world_size * world_size))
         return self.cached[1]
 
     def update(self, epoch: int, batch_in_epoch: int) -> tuple[list[torch.Tensor], int, int]:
@@ -316,14 +251,16 @@ class EpochSampler:
             epoch, batch_in_epoch = epoch + 1, 0
             batches = self.epoch_batches(epoch)
         world = self.world
-        group = batches[batch_in_epoch : batch_in_epoch + self.update_freq * world.world_size]
-        batch_in_epoch += len(group)
+        end = min(batch_in_epoch + self.update_freq * world.world_size, len(batches))
+        group = [batches.batch(k) for k in range(batch_in_epoch + world.rank, end, world.world_size)]
+        batch_in_epoch = end
         if batch_in_epoch >= len(batches):
             epoch, batch_in_epoch = epoch + 1, 0
-        return group[world.rank :: world.world_size], epoch, batch_in_epoch
+        return group, epoch, batch_in_epoch
 
     def updates_per_epoch(self) -> int:
-        """Optimizer updates in one epoch: the sorted batch boundaries, so the count, are the same every epoch."""
+        """Optimizer updates in an epoch (that of epoch 0: with fractional corpus weights, later epochs
+        sample other pairs and may differ by a few)."""
         return -(-len(self.epoch_batches(0)) // (self.update_freq * self.world.world_size))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,12 @@ from tfm_cli.errors import TfmError
 # A test-only fault hook: with TFM_TEST_FAIL_AT="RANK:STEP" in the environment, rank RANK raises before
 # update STEP. The distributed tests use it to check that a dead rank stops the run instead of hanging.
 FAIL_AT_ENV = "TFM_TEST_FAIL_AT"
+# Another: TFM_TEST_PREPARE_DELAY=SECONDS makes rank 0 take that much longer to prepare the data, to show
+# that the other ranks' wait for it is not bounded by train.dist_timeout.
+PREPARE_DELAY_ENV = "TFM_TEST_PREPARE_DELAY"
+# How long the other ranks wait for rank 0 to prepare the data (a week): preparing a large corpus
+# may take hours, far longer than train.dist_timeout allows any training collective.
+PREPARE_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -113,16 +120,29 @@ def all_gather(tensor: torch.Tensor, world: World, device: torch.device) -> list
     return [item.cpu() for item in gathered]
 
 
-def broadcast_text(text: str | None, world: World, device: torch.device) -> str | None:
+def preparation_group(world: World) -> dist.ProcessGroup | None:
+    """A gloo group of all ranks whose collectives time out after PREPARE_TIMEOUT_S, for waiting on
+    rank 0's data preparation (None for a single process). Every rank must call it, in the same order."""
+    if not world.distributed:
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=PREPARE_TIMEOUT_S))
+
+
+def broadcast_text(
+    text: str | None, world: World, device: torch.device, group: dist.ProcessGroup | None = None
+) -> str | None:
     """Rank 0's `text` (or None) on every rank; the other ranks pass None. A collective: every rank calls it.
 
-    Two broadcasts, the UTF-8 length (-1 for None) and then the bytes, so nothing is pickled.
+    Two broadcasts, the UTF-8 length (-1 for None) and then the bytes, so nothing is pickled. With a
+    `group` (a gloo one, see preparation_group) the tensors stay on the CPU.
     """
     if not world.distributed:
         return text
+    if group is not None:
+        device = torch.device("cpu")
     data = text.encode() if text is not None else b""
     size = torch.tensor([-1 if text is None else len(data)], device=device)
-    dist.broadcast(size, src=0)  # rank 0's size replaces the others'
+    dist.broadcast(size, src=0, group=group)  # rank 0's size replaces the others'
     if size.item() < 0:
         return None
     if world.is_main:
@@ -130,8 +150,15 @@ def broadcast_text(text: str | None, world: World, device: torch.device) -> str 
     else:
         buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if buffer.numel():  # an empty message needs no second broadcast
-        dist.broadcast(buffer, src=0)
+        dist.broadcast(buffer, src=0, group=group)
     return bytes(buffer.cpu().tolist()).decode()
+
+
+def prepare_delay_hook() -> None:
+    """Sleep for TFM_TEST_PREPARE_DELAY seconds, if set (test-only; see PREPARE_DELAY_ENV)."""
+    delay = os.environ.get(PREPARE_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
 
 
 def check_fault_hook(world: World, step: int) -> None:

@@ -20,6 +20,7 @@ from tfm_cli.config import TokenizerTrainConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfm_cli.textio import (
+    DecodeStats,
     atomic_write_pair,
     check_input_file,
     check_output_path,
@@ -40,19 +41,30 @@ class SentenceSample:
     used: int
 
 
-def sample_sentences(input_paths: list[Path], limit: int, seed: int = SAMPLE_SEED) -> tuple[list[str] | None, int]:
+def sample_sentences(
+    input_paths: list[Path], limit: int, seed: int = SAMPLE_SEED, skip_invalid_utf8: bool = False,
+    line_counts: dict[Path, int] | None = None,
+) -> tuple[list[str] | None, int]:
     """Read every line of `input_paths` (checking UTF-8) and keep a uniform sample of at most `limit`.
 
     Returns (the sample in reading order, the number of lines), or (None, lines) when there are no
     more than `limit` lines or `limit` is 0 (all are used). Reservoir sampling (Vitter's algorithm R)
-    with random.Random(seed): memory holds `limit` lines whatever the corpus size.
+    with random.Random(seed): memory holds `limit` lines whatever the corpus size. Invalid UTF-8 is
+    a TfmError naming file and line, or with `skip_invalid_utf8` a line left out of the sample.
+    `line_counts`, if given, receives each file's number of lines.
     """
     rng = random.Random(seed)
     reservoir: list[tuple[int, str]] = []
     count = 0
     for path in input_paths:
         # sentencepiece would silently drop invalid UTF-8; iter_lines refuses it, naming file and line.
-        for line in iter_lines(str(path)):
+        skipped = 0
+        repaired = DecodeStats()
+        start = count
+        for line in iter_lines(str(path), strict_utf8=not skip_invalid_utf8, stats=repaired):
+            if repaired.invalid_utf8_lines > skipped:
+                skipped += 1
+                continue
             if limit and len(reservoir) < limit:
                 reservoir.append((count, line))
             elif limit:
@@ -60,6 +72,8 @@ def sample_sentences(input_paths: list[Path], limit: int, seed: int = SAMPLE_SEE
                 if slot < limit:
                     reservoir[slot] = (count, line)
             count += 1
+        if line_counts is not None:
+            line_counts[path] = count - start + repaired.invalid_utf8_lines
     if not limit or count <= limit:
         return None, count
     return [line for _, line in sorted(reservoir)], count
@@ -67,7 +81,8 @@ def sample_sentences(input_paths: list[Path], limit: int, seed: int = SAMPLE_SEE
 
 def train_sentencepiece(
     input_paths: list[Path], model_prefix: Path, config: TokenizerTrainConfig, verbose: bool = False,
-    on_sample: Callable[[SentenceSample], None] | None = None,
+    on_sample: Callable[[SentenceSample], None] | None = None, skip_invalid_utf8: bool = False,
+    line_counts: dict[Path, int] | None = None,
 ) -> Path:
     """Train a sentencepiece model on the text files `input_paths` (jointly, if several).
 
@@ -75,13 +90,16 @@ def train_sentencepiece(
     The model records the input paths but no output or temp path: the same inputs and config give
     the same bytes. Inputs with more than config.input_sentence_size lines in all are sampled down to
     that many (seeded, see sample_sentences); `on_sample` is told the counts either way.
-    Raises TfmError for unreadable inputs or a vocabulary larger than the data allows.
+    Raises TfmError for unreadable inputs or a vocabulary larger than the data allows, or invalid
+    UTF-8 unless `skip_invalid_utf8`; `line_counts` receives each input's number of lines.
     """
     for path in input_paths:
         check_input_file(path, "tokenizer training needs existing text files")
         if path.stat().st_size == 0:
             raise TfmError(f"{path}: the file is empty; tokenizer training needs text")
-    sample, total = sample_sentences(input_paths, config.input_sentence_size)
+    sample, total = sample_sentences(
+        input_paths, config.input_sentence_size, skip_invalid_utf8=skip_invalid_utf8, line_counts=line_counts
+    )
     if on_sample is not None:
         on_sample(SentenceSample(total, total if sample is None else len(sample)))
     model_path, vocab_path = Path(f"{model_prefix}.model"), Path(f"{model_prefix}.vocab")
@@ -182,8 +200,10 @@ class Tokenizer:
         return self.processor.encode(text, out_type=str)
 
     def encode_ids_batch(self, texts: list[str]) -> list[list[int]]:
-        """Many raw texts -> piece ids each, using sentencepiece's threads."""
-        return self.processor.encode(texts, out_type=int)
+        """Many raw texts -> piece ids each, on as many sentencepiece threads as torch uses (--threads)."""
+        import torch
+
+        return self.processor.encode(texts, out_type=int, num_threads=torch.get_num_threads())
 
     def decode_ids(self, ids: list[int]) -> str:
         """Piece ids -> detokenized text (special ids are dropped)."""

@@ -17,6 +17,7 @@ EPILOG = (
     "  tfm train recipes/multi30k/de-en.toml --run runs/de-en\n\n"
     "  tfm train recipes/tiny.toml --run runs/tiny --set train.max_steps=200 --set model.dropout=0.2\n\n"
     "  tfm train --run runs/de-en --resume --set train.max_steps=40000\n\n"
+    "  tfm train big.toml --run runs/big --prepare-only --set data.cache_dir=~/tfm-cache\n\n"
     "  tfm train recipes/tiny.toml --init runs/base/checkpoint_best.safetensors --run runs/tuned "
     "--set data.train_src=in-domain.de --set data.train_tgt=in-domain.en"
 )
@@ -62,6 +63,9 @@ class TrainDisplay:
         self.progress = None
         self.task = None
         self.last_stats = ""
+        self.preparation = None
+        self.preparation_task = None
+        self.last_plain_progress = 0.0
 
     def __call__(self, event) -> None:
         from tfm_cli.training import events
@@ -70,6 +74,7 @@ class TrainDisplay:
             return
         handler = {
             events.PhaseEvent: self.phase,
+            events.PrepareEvent: self.preparing,
             events.DataEvent: self.data,
             events.StartEvent: self.start,
             events.StepEvent: self.step,
@@ -84,23 +89,65 @@ class TrainDisplay:
         self.console.print(text, style=style, markup=False, highlight=False)
 
     def phase(self, event) -> None:
+        self.stop_preparing()
         self.print(event.message, style="dim")
 
-    def data(self, event) -> None:
-        stats = event.stats
-        cached = " (from cache)" if event.from_cache else ""
-        line = (
-            f"{event.name} data: {stats.read:,} pairs read, {stats.kept:,} kept; {event.src_tokens:,} source / "
-            f"{event.tgt_tokens:,} target tokens{cached}"
-        )
-        self.print(line)
-        if stats.empty or stats.too_long:
-            print_warning(
-                f"{event.name} data: skipped {plural(stats.empty, 'pair')} with an empty side and "
-                f"{plural(stats.too_long, 'pair')} over data.max_length ({event.max_length}) tokens"
+    def preparing(self, event) -> None:
+        """A progress bar while a corpus is read and tokenized (a line every PLAIN_PROGRESS_SECONDS off a terminal)."""
+        progress = event.progress
+        rate = progress.pairs / progress.seconds if progress.seconds > 0 else 0.0
+        done = progress.bytes_done / max(progress.bytes_total, 1)
+        eta = progress.seconds * (1 - done) / done if done > 0 else None
+        stats = f"{progress.pairs:,} pairs, {rate:,.0f} pairs/s" + (f", ETA {format_seconds(eta)}" if eta else "")
+        if not self.console.is_terminal:
+            if progress.seconds - self.last_plain_progress >= PLAIN_PROGRESS_SECONDS:
+                self.last_plain_progress = progress.seconds
+                self.print(f"preparing the {progress.name} data: {done:.0%} ({stats})", style="dim")
+            return
+        if self.preparation is None:
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TaskProgressColumn,
+                TextColumn,
             )
 
+            self.preparation = Progress(
+                TextColumn(f"{progress.name} data"), BarColumn(bar_width=24), TaskProgressColumn(),
+                TextColumn("{task.fields[stats]}"), console=self.console, transient=True,
+            )
+            self.preparation_task = self.preparation.add_task("prepare", total=progress.bytes_total, stats="")
+            self.preparation.start()
+        self.preparation.update(self.preparation_task, completed=progress.bytes_done, stats=stats)
+
+    def stop_preparing(self) -> None:
+        """Remove the preparation progress bar, if one is shown."""
+        if self.preparation is not None:
+            self.preparation.stop()
+            self.preparation = None
+        self.last_plain_progress = 0.0
+
+    def data(self, event) -> None:
+        self.stop_preparing()
+        cached = " (prepared before)" if event.from_cache else ""
+        if event.changed:
+            print_warning(f"{event.name} data changed since it was prepared ({'; '.join(event.changed)}): prepared again")
+        read = sum(stats.read for _, stats in event.parts)
+        kept = sum(stats.kept for _, stats in event.parts)
+        self.print(
+            f"{event.name} data: {read:,} pairs read, {kept:,} kept; {event.src_tokens:,} source / "
+            f"{event.tgt_tokens:,} target tokens{cached}"
+        )
+        for files, stats in event.parts:
+            where = f"{event.name} data ({files})" if len(event.parts) > 1 else f"{event.name} data"
+            if len(event.parts) > 1:
+                self.print(f"  {files}: {stats.read:,} pairs read, {stats.kept:,} kept")
+            skipped = skip_reasons(stats, event.max_length, event.max_length_ratio)
+            if skipped:
+                print_warning(f"{where}: skipped {', '.join(skipped)}")
+
     def start(self, event) -> None:
+        self.stop_preparing()
         config = event.model_config
         shared = ", shared embeddings" if config.share_embeddings else ""
         self.print(
@@ -165,8 +212,25 @@ class TrainDisplay:
         self.print(f"saved {Path(event.paths[0]).name}", style="dim")
 
     def close(self) -> None:
+        self.stop_preparing()
         if self.progress is not None:
             self.progress.stop()
+
+
+PLAIN_PROGRESS_SECONDS = 30.0
+
+
+def skip_reasons(stats, max_length: int, max_length_ratio: float) -> list[str]:
+    """What filtering skipped, in words ("2 pairs with an empty side", ...); empty if nothing."""
+    reasons = [
+        (stats.empty, "with an empty side"),
+        (stats.identical, "with the same text on both sides (data.skip_identical)"),
+        (stats.too_long, f"over data.max_length ({max_length}) tokens"),
+        (stats.ratio, f"over data.max_length_ratio ({max_length_ratio:g})"),
+        (stats.invalid_utf8, "with invalid UTF-8 (data.invalid_utf8 = \"skip\"; first at "
+                             + ", ".join(stats.invalid_examples) + ")"),
+    ]
+    return [f"{plural(count, 'pair')} {why}" for count, why in reasons if count]
 
 
 def plural(count: int, noun: str) -> str:
@@ -205,6 +269,11 @@ def train(
     compile_model: bool = typer.Option(
         False, "--compile", help="torch.compile the training step (same as --set train.compile=true)."
     ),
+    prepare_only: bool = typer.Option(
+        False, "--prepare-only",
+        help="Train the tokenizers and prepare the corpora into the cache folder (data.cache_dir), then stop: "
+        "a later `tfm train` with the same data starts from them in seconds.",
+    ),
 ) -> None:
     """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
 
@@ -231,7 +300,8 @@ def train(
     stop.install()
     try:
         result = run_training(resolved, run_dir, resume=resume, device=target_device,
-                              on_event=display, should_stop=stop, world=world, init=init_model)
+                              on_event=display, should_stop=stop, world=world, init=init_model,
+                              prepare_only=prepare_only)
     finally:
         display.close()
         stop.restore()
@@ -239,6 +309,9 @@ def train(
     if result.best_value is not None:
         metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"
         best = f"; best {metric} {result.best_value:.2f} at step {result.best_step:,}"
+    if result.reason == "prepared":
+        print_info(f"prepared the data for {run_dir}; train with the same recipe and --run", quiet=quiet)
+        return
     if result.reason == "interrupted" and result.step == 0:
         print_info("interrupted before the first update; nothing to save", quiet=quiet)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfm_cli.config import ModelConfig
+from tfm_cli.corpus_cache import PrepareProgress
 from tfm_cli.data import FilterStats
 
 
@@ -16,15 +17,24 @@ class PhaseEvent:
 
 
 @dataclass(frozen=True)
+class PrepareEvent:
+    """Preparing a corpus got further (sent about twice a second while text is read)."""
+
+    progress: PrepareProgress
+
+
+@dataclass(frozen=True)
 class DataEvent:
-    """One data set was read, filtered and tokenized."""
+    """One data set was read, filtered and tokenized (or found prepared)."""
 
     name: str  # "train" or "valid"
-    stats: FilterStats
+    parts: tuple[tuple[str, FilterStats], ...]  # (files, what filtering did) of each corpus
     max_length: int
     from_cache: bool
     src_tokens: int
     tgt_tokens: int
+    changed: tuple[str, ...] = ()  # why an earlier preparation of the same files was not used
+    max_length_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -95,4 +105,4 @@ class SaveEvent:
     paths: list[str]
 
 
-Event = PhaseEvent | DataEvent | StartEvent | StepEvent | LogEvent | ValidEvent | SaveEvent
+Event = PhaseEvent | PrepareEvent | DataEvent | StartEvent | StepEvent | LogEvent | ValidEvent | SaveEvent

@@ -1,31 +1,40 @@
-"""Before the first update: check the run folder, read and check the text, train or load the
-tokenizers, tokenize (cached); rank 0 first, then the other ranks reuse its files."""
+"""Before the first update: check the run folder, train or load the tokenizers, prepare the corpora
+(corpus_cache: tokenized once, memory-mapped after); rank 0 first, then the other ranks map its files."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.config import ModelConfig, Recipe
-from tfm_cli.data import (
-    ParallelText,
-    TokenizedCorpus,
-    count_tokens,
-    load_or_tokenize,
-    read_parallel,
+from tfm_cli.config import DataConfig, ModelConfig, Recipe, TrainCorpus
+from tfm_cli.corpus_cache import (
+    FilterSettings,
+    prepare_corpus,
+    remove_temp_entries,
 )
+from tfm_cli.data import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import make_folder, remove_stale_temp_files
+from tfm_cli.parallel_text import fingerprint
+from tfm_cli.textio import (
+    atomic_write_pair,
+    make_folder,
+    read_lines,
+    remove_stale_temp_files,
+)
 from tfm_cli.tokenizer import SentenceSample, Tokenizer, train_sentencepiece
-from tfm_cli.training.events import DataEvent, Event, PhaseEvent
+from tfm_cli.training.events import DataEvent, Event, PhaseEvent, PrepareEvent
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.run_dir import CACHE_DIR, CACHE_FILES, RUN_FILES, check_run_dir
+
+TOKENIZER_CACHE_VERSION = 1
 
 
 @dataclass
@@ -38,118 +47,209 @@ class PreparedData:
     train: TokenizedCorpus
     valid: TokenizedCorpus | None
     valid_references: list[str]
+    train_weights: tuple[float, ...]  # one per training corpus (data.train_corpora)
+
+
+def cache_folder(data: DataConfig, run_dir: Path) -> Path:
+    """Where prepared corpora and trained tokenizers are kept: data.cache_dir, or RUN/cache."""
+    return Path(data.cache_dir) if data.cache_dir else run_dir / CACHE_DIR
+
+
+def tokenizer_cache_path(inputs: list[Path], recipe: Recipe, side: str, cache_dir: Path) -> Path:
+    """CACHE/spm-SIDE-KEY.model: KEY covers the training text files (by fingerprint) and the settings."""
+    parts = {
+        "version": TOKENIZER_CACHE_VERSION,
+        "side": side,
+        "inputs": [fingerprint(path, "tokenizer training text").to_dict() for path in inputs],
+        "settings": asdict(recipe.tokenizer.train_settings()),
+        "skip_invalid_utf8": recipe.data.invalid_utf8 == "skip",
+    }
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return cache_dir / f"spm-{side}-{key[:20]}.model"
+
+
+def check_line_counts(corpora: tuple[TrainCorpus, ...], line_counts: dict[Path, int]) -> None:
+    """Raise TfmError for a training corpus whose two files (both counted in `line_counts`) differ in lines."""
+    for corpus in corpora:
+        src, tgt = Path(corpus.src), Path(corpus.tgt)
+        if src in line_counts and tgt in line_counts and line_counts[src] != line_counts[tgt]:
+            raise TfmError(
+                f"training data: {src} has {line_counts[src]} lines but {tgt} has {line_counts[tgt]}; "
+                "parallel files need one sentence per line on both sides"
+            )
 
 
 def prepare_tokenizers(
-    recipe: Recipe, run_dir: Path, resume: bool, text: ParallelText, on_event: Callable[[Event], None]
+    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None]
 ) -> tuple[Tokenizer, Tokenizer]:
-    """Load the recipe's sentencepiece models, or train them into the run directory (reused on resume)."""
+    """Load the recipe's sentencepiece models, or train them into the run directory (reused on resume).
+
+    A model trained on the same files (by fingerprint) with the same settings is taken from the cache
+    folder instead of trained again, so a new run on a prepared corpus starts in seconds.
+    """
     settings = recipe.tokenizer
     if settings.src_model:
         src = Tokenizer.from_file(Path(settings.src_model))
         tgt = Tokenizer.from_file(Path(settings.tgt_model)) if settings.tgt_model else src
         return src, tgt
     train_settings = settings.train_settings()
+    corpora = recipe.data.train_corpora
+    src_files, tgt_files = [Path(c.src) for c in corpora], [Path(c.tgt) for c in corpora]
     if settings.joint:
-        prefixes = {"joint": (run_dir / "spm", [text.src.path, text.tgt.path])}
+        prefixes = {"joint": (run_dir / "spm", src_files + tgt_files)}
     else:
-        prefixes = {"src": (run_dir / "spm.src", [text.src.path]), "tgt": (run_dir / "spm.tgt", [text.tgt.path])}
+        prefixes = {"src": (run_dir / "spm.src", src_files), "tgt": (run_dir / "spm.tgt", tgt_files)}
+
+    line_counts: dict[Path, int] = {}
+
     def report_sample(sample: SentenceSample) -> None:
+        # Sampling read every line: a parallel corpus with uneven files stops before minutes of training.
+        check_line_counts(corpora, line_counts)
         if sample.used < sample.total:
             on_event(PhaseEvent(f"the tokenizer learns from {sample.used:,} of {sample.total:,} sentences "
                                 "(a seeded sample; tokenizer.input_sentence_size = 0 takes all)"))
 
+    cache_dir = cache_folder(recipe.data, run_dir)
     loaded = {}
     for side, (prefix, inputs) in prefixes.items():
         model_path = Path(f"{prefix}.model")
         if not (resume and model_path.is_file()):
-            on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
-                                f"sentencepiece model ({side}) -> {model_path}"))
-            train_sentencepiece(inputs, prefix, train_settings, on_sample=report_sample)
+            cached = tokenizer_cache_path(inputs, recipe, side, cache_dir)
+            if cached.is_file():
+                on_event(PhaseEvent(f"sentencepiece model ({side}) from the cache: {cached}"))
+                model_bytes = cached.read_bytes()
+                Tokenizer(model_bytes, str(cached))  # refuses a damaged file before it is copied
+                atomic_write_pair((model_path, model_bytes), (Path(f"{prefix}.vocab"), cached.with_suffix(".vocab").read_bytes()))
+            else:
+                on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
+                                    f"sentencepiece model ({side}) -> {model_path}"))
+                train_sentencepiece(inputs, prefix, train_settings, on_sample=report_sample,
+                                    skip_invalid_utf8=recipe.data.invalid_utf8 == "skip", line_counts=line_counts)
+                make_folder(cache_dir, "cache folder")
+                atomic_write_pair((cached, model_path.read_bytes()), (cached.with_suffix(".vocab"), Path(f"{prefix}.vocab").read_bytes()))
         loaded[side] = Tokenizer.from_file(model_path)
     if settings.joint:
         return loaded["joint"], loaded["joint"]
     return loaded["src"], loaded["tgt"]
 
 
+def train_filters(data: DataConfig) -> FilterSettings:
+    """The filters of the training corpora: the recipe's [data] settings."""
+    return FilterSettings(
+        max_length=data.max_length, max_length_ratio=data.max_length_ratio, skip_identical=data.skip_identical,
+        skip_empty=True, skip_invalid_utf8=data.invalid_utf8 == "skip",
+    )
+
+
+def valid_filters(data: DataConfig, model_config: ModelConfig) -> FilterSettings:
+    """The filters of the validation set: none but what the model cannot take (over max_positions tokens)
+    and invalid UTF-8 as the recipe says, so validation scores the whole set as `tfm translate` would."""
+    return FilterSettings(max_length=model_config.max_positions + 1, skip_empty=False,
+                          skip_invalid_utf8=data.invalid_utf8 == "skip")
+
+
 def prepare_data(
-    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None], init: InitModel | None = None
+    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None], init: InitModel | None = None,
+    should_stop: Callable[[], bool] | None = None, world: World = World(),
 ) -> PreparedData:
-    """Read and check all text first (line counts, UTF-8), then tokenizers, then the tokenized corpora.
+    """Tokenizers first, then the training and validation corpora, each read once into the cache.
 
     A run started with --init (`init`) takes its tokenizers and model config from that checkpoint.
+    Ranks other than 0 find everything rank 0 prepared (a missing entry is an error, not a second preparation).
     """
     data = recipe.data
-    on_event(PhaseEvent("reading the parallel text"))
-    train_text = read_parallel(data.train_src, data.train_tgt, "training")
-    valid_text = read_parallel(data.valid_src, data.valid_tgt, "validation") if data.valid_src else None
     if init is not None:
         src_tokenizer, tgt_tokenizer = init.src_tokenizer, init.tgt_tokenizer
         model_config = init.model_config(recipe.model)
     else:
-        src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, train_text, on_event)
+        src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, on_event)
         if recipe.model.share_embeddings and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
             raise TfmError(
                 "model.share_embeddings needs one joint sentencepiece model for both sides "
                 "(tokenizer.joint = true, or no tokenizer.tgt_model)"
             )
         model_config = recipe.model_config(src_tokenizer.vocab_size, tgt_tokenizer.vocab_size)
+    cache_dir = cache_folder(data, run_dir)
+    sets = {"train": ([(c.src, c.tgt) for c in data.train_corpora], train_filters(data))}
+    if data.valid_src:
+        sets["valid"] = ([(data.valid_src, data.valid_tgt)], valid_filters(data, model_config))
     corpora = {}
-    for name, text in (("train", train_text), ("valid", valid_text)):
-        if text is None:
-            continue
-        on_event(PhaseEvent(f"tokenizing the {name} data"))
-        corpus, cached = load_or_tokenize(
-            text, src_tokenizer, tgt_tokenizer, data.max_length, run_dir / CACHE_DIR, name, model_config.eos_id
+    for name, (inputs, filters) in sets.items():
+        on_event(PhaseEvent(f"preparing the {name} data"))
+        prepared = prepare_corpus(
+            inputs, src_tokenizer, tgt_tokenizer, filters, cache_dir, name, model_config.eos_id,
+            on_progress=lambda progress: on_event(PrepareEvent(progress)), should_stop=should_stop,
+            must_exist=not world.is_main, check_tokens=world.is_main,
         )
+        corpus = prepared.corpus
         src_tokens, tgt_tokens = count_tokens(corpus)
-        on_event(DataEvent(name, corpus.stats, data.max_length, cached, src_tokens, tgt_tokens))
+        labels = [f"{Path(src).name} / {Path(tgt).name}" for src, tgt in inputs]
+        on_event(DataEvent(name, tuple(zip(labels, corpus.stats)), filters.max_length, prepared.from_cache,
+                           src_tokens, tgt_tokens, prepared.changed, filters.max_length_ratio))
         corpora[name] = corpus
     if len(corpora["train"]) == 0:
         raise TfmError(f"no training pairs left after filtering {data.train_src} / {data.train_tgt}")
     valid = corpora.get("valid")
     if valid is not None and len(valid) == 0:
         raise TfmError(f"no validation pairs left after filtering {data.valid_src} / {data.valid_tgt}")
-    references = [valid_text.tgt.lines[i] for i in valid.line_numbers.tolist()] if valid is not None else []
-    return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references)
+    references = []
+    if valid is not None:
+        lines = read_lines(data.valid_tgt, strict_utf8=data.invalid_utf8 == "fail")
+        references = [lines[i] for i in valid.line_numbers.tolist()]
+    weights = tuple(corpus.weight for corpus in data.train_corpora)
+    return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references, weights)
 
 
 def prepare_on_rank0_first(
     recipe: Recipe, run_dir: Path, resume: bool, device: torch.device, world: World, on_event: Callable[[Event], None],
-    init: InitModel | None = None,
+    init: InitModel | None = None, should_stop: Callable[[], bool] | None = None,
 ) -> PreparedData:
     """prepare_run on rank 0, which then tells the other ranks whether it worked; they prepare after it.
 
-    Rank 0 trains the tokenizers and fills the cache; the others then read them. If rank 0 fails, the
-    others raise TfmError at once with its message instead of waiting out train.dist_timeout.
+    Rank 0 trains the tokenizers and fills the cache; the others then map its files. They wait in a
+    group of their own whose timeout (distributed.PREPARE_TIMEOUT_S) is not train.dist_timeout: preparing
+    a large corpus takes longer than any training collective should. If rank 0 fails, the others
+    raise TfmError at once with its message.
     """
+    group = distributed.preparation_group(world)
     if world.is_main:
+        if world.distributed:
+            on_event(PhaseEvent(f"rank 0 prepares the data; {world.world_size - 1} other rank(s) wait for it"))
         try:
-            data = prepare_run(recipe, run_dir, resume, world, on_event, init)
+            distributed.prepare_delay_hook()
+            data = prepare_run(recipe, run_dir, resume, world, on_event, init, should_stop)
         except BaseException as error:
             message = str(error) if isinstance(error, TfmError) else f"{type(error).__name__}: {error}"
             with contextlib.suppress(Exception):  # rank 0's own error is the one to report
-                distributed.broadcast_text(message, world, device)
+                distributed.broadcast_text(message or type(error).__name__, world, device, group)
             raise
-        distributed.broadcast_text(None, world, device)
+        distributed.broadcast_text(None, world, device, group)
         return data
-    failure = distributed.broadcast_text(None, world, device)
+    failure = distributed.broadcast_text(None, world, device, group)
     if failure is not None:
         raise TfmError(f"rank 0 failed while preparing the data: {failure}")
-    return prepare_run(recipe, run_dir, resume, world, on_event, init)
+    return prepare_run(recipe, run_dir, resume, world, on_event, init, should_stop)
 
 
 def prepare_run(
     recipe: Recipe, run_dir: Path, resume: bool, world: World, on_event: Callable[[Event], None],
-    init: InitModel | None = None,
+    init: InitModel | None = None, should_stop: Callable[[], bool] | None = None,
 ) -> PreparedData:
     """Check the run directory, then prepare_data; ranks other than 0 reuse rank 0's tokenizers and cache."""
     check_run_dir(recipe, run_dir, resume)
-    if resume and world.is_main:
+    cache_dir = cache_folder(recipe.data, run_dir)
+    if world.is_main:
         # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait for rank 0.
-        stale = remove_stale_temp_files(run_dir, RUN_FILES) + remove_stale_temp_files(run_dir / CACHE_DIR, CACHE_FILES)
+        stale = remove_stale_temp_files(run_dir, RUN_FILES) if resume else []
+        if cache_dir.is_dir():
+            # A shared cache folder (data.cache_dir) may have another run writing in it: only the temp
+            # folders of processes that are gone are removed there.
+            if not recipe.data.cache_dir and resume:
+                stale += remove_stale_temp_files(cache_dir, CACHE_FILES)
+            stale += remove_temp_entries(cache_dir)
         if stale:
             names = ", ".join(path.name for path in stale)
             on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
     make_folder(run_dir, "run folder")
-    return prepare_data(recipe, run_dir, resume or not world.is_main, on_event, init)
+    return prepare_data(recipe, run_dir, resume or not world.is_main, on_event, init, should_stop, world)
+

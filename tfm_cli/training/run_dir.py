@@ -29,7 +29,7 @@ RUN_FILES = "|".join([
     r"spm(?:\.src|\.tgt)?\.(?:model|vocab)",  # the run's tokenizers
     *map(re.escape, (STATE_FILE, CONFIG_FILE, METRICS_FILE)),
 ])
-CACHE_FILES = r"[\w.-]+\.safetensors"  # the tokenized corpora in run_dir/cache
+CACHE_FILES = r"[\w.-]+\.(?:model|vocab)"  # the tokenizers kept in run_dir/cache
 CACHE_DIR = "cache"
 
 
@@ -91,8 +91,8 @@ def saved_init(run_dir: Path) -> dict[str, str] | None:
 
 
 # Settings that may differ on resume although outside [train]: how many sentences trained the
-# tokenizer does not matter once the run has its tokenizer files.
-RESUME_IGNORES = {("tokenizer", "input_sentence_size")}
+# tokenizer does not matter once the run has its tokenizer files, nor where prepared corpora are kept.
+RESUME_IGNORES = {("tokenizer", "input_sentence_size"), ("data", "cache_dir")}
 
 
 def check_resumable(recipe: Recipe, run_dir: Path) -> None:

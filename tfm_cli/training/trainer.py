@@ -68,7 +68,7 @@ class TrainResult:
 
     step: int
     epoch: int
-    reason: str  # max_steps, max_epochs, max_minutes, patience or interrupted
+    reason: str  # max_steps, max_epochs, max_minutes, patience, interrupted (or prepared: --prepare-only)
     best_value: float | None
     best_step: int
     last_valid: ValidResult | None
@@ -125,8 +125,10 @@ class Trainer:
         self.counters = Counters(world_size=world.world_size)
         self.last_valid: ValidResult | None = None
         self.metrics_path = run_dir / METRICS_FILE
+        parts = [(first, rows, weight) for (first, rows), weight in zip(data.train.part_rows(), data.train_weights)]
         self.sampler = EpochSampler(
             data.train.src_lengths, data.train.tgt_lengths, config.max_tokens, config.seed, config.update_freq, world,
+            parts,
         )
 
     # -- data order ------------------------------------------------------------------------------
@@ -396,14 +398,17 @@ def run_training(
     should_stop: Callable[[], bool] | None = None,
     world: World = World(),
     init: InitModel | None = None,
+    prepare_only: bool = False,
 ) -> TrainResult:
     """Train `recipe` in `run_dir` (created if needed), or continue it with `resume`.
+
+    With `prepare_only`, stop once the tokenizers and corpora are prepared (reason "prepared", step 0).
 
     A run started from a checkpoint (`tfm train --init`; initialization.load_run_recipe) passes its
     InitModel as `init`, on resume too: model config, tokenizers and first weights come from it.
 
-    Reads and checks the data first, trains or loads the tokenizers, caches the tokenized data in
-    run_dir/cache, then trains until a limit or `should_stop()`. Returns how it ended.
+    Trains or loads the tokenizers, prepares the tokenized corpora in the cache folder (data.cache_dir,
+    or run_dir/cache), then trains until a limit or `should_stop()`. Returns how it ended.
     With a distributed `world` (torchrun), this process joins the process group (gloo on CPU, NCCL on
     cuda:LOCAL_RANK) and trains with DistributedDataParallel; only rank 0 prepares the run directory
     first, emits events and writes files. run_dir must be on storage all nodes share.
@@ -411,7 +416,7 @@ def run_training(
     device = distributed.rank_device(world, torch.device(device))
     distributed.init_process_group(world, device, recipe.train.dist_timeout)
     try:
-        return train_in_world(recipe, Path(run_dir), resume, device, on_event, should_stop, world, init)
+        return train_in_world(recipe, Path(run_dir), resume, device, on_event, should_stop, world, init, prepare_only)
     finally:
         distributed.destroy_process_group(world)
 
@@ -425,6 +430,7 @@ def train_in_world(
     should_stop: Callable[[], bool] | None,
     world: World,
     init: InitModel | None = None,
+    prepare_only: bool = False,
 ) -> TrainResult:
     """run_training once the process group (if any) is up."""
     on_event = (on_event if world.is_main else None) or (lambda event: None)
@@ -432,7 +438,10 @@ def train_in_world(
     config = recipe.train
     if config.precision in ("bf16", "fp16") and device.type != "cuda":
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
-    data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event, init)
+    data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event, init, should_stop)
+    if prepare_only:
+        return TrainResult(step=0, epoch=0, reason="prepared", best_value=None, best_step=0, last_valid=None,
+                           run_dir=run_dir)
     trainer = Trainer(recipe, run_dir, data, device, on_event, world, init)
     if init is not None and not resume:
         on_event(PhaseEvent(

@@ -46,6 +46,8 @@ def decode_corpus(model: Transformer, corpus: TokenizedCorpus, tgt_tokenizer: To
     offsets = corpus.src_offsets.tolist()
     tokens = corpus.src_tokens.tolist()
     sources = {row: tokens[offsets[row] : offsets[row + 1] - 1] for row in range(len(corpus))}  # EOS dropped
+    # An empty source line translates to an empty line, as in `tfm translate`: nothing to search.
+    sources = {row: ids for row, ids in sources.items() if ids}
     outputs: list[str] = [""] * len(corpus)
     for batch, hypotheses in search_batches(model, sources, decode, BatchingConfig()):
         for row, nbest in zip(batch, hypotheses):
