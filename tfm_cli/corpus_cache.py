@@ -13,11 +13,13 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -250,6 +252,42 @@ class ArrayWriter:
         self.file.close()
 
 
+class EntryWriter:
+    """The arrays of an entry being written: kept pairs are appended chunk by chunk."""
+
+    def __init__(self, folder: Path, eos_id: int) -> None:
+        self.arrays = {name: ArrayWriter(folder / file, "i" if dtype == torch.int32 else "q")
+                       for name, (file, dtype) in ARRAYS.items()}
+        self.eos_id = eos_id
+        self.totals = {"src": 0, "tgt": 0}
+        for side in self.totals:
+            self.arrays[f"{side}_offsets"].buffer.append(0)
+
+    def append(self, line_numbers: list[int], src_ids: list[list[int]], tgt_ids: list[list[int]]) -> None:
+        """Append kept pairs: their 0-based line numbers and token ids (EOS is added here)."""
+        for side, sequences in (("src", src_ids), ("tgt", tgt_ids)):
+            for ids in sequences:
+                ids.append(self.eos_id)
+            self.arrays[f"{side}_tokens"].buffer.extend(itertools.chain.from_iterable(sequences))
+            ends = itertools.accumulate(map(len, sequences), initial=self.totals[side])
+            next(ends)  # the initial value is the offset already written
+            self.arrays[f"{side}_offsets"].buffer.extend(ends)
+            self.totals[side] = self.arrays[f"{side}_offsets"].buffer[-1] if sequences else self.totals[side]
+        self.arrays["line_numbers"].buffer.extend(line_numbers)
+        for writer in self.arrays.values():
+            writer.flush()
+
+    def close(self) -> None:
+        """Flush and close every file."""
+        for writer in self.arrays.values():
+            writer.close()
+
+    @property
+    def pairs(self) -> int:
+        """Pairs written so far."""
+        return self.arrays["line_numbers"].count + len(self.arrays["line_numbers"].buffer)
+
+
 @contextlib.contextmanager
 def temp_entry(path: Path) -> Iterator[Path]:
     """A temp folder beside the entry `path`, removed unless the caller renamed it into place."""
@@ -268,43 +306,43 @@ def write_entry(
     path: Path, name: str, key: str, on_progress: Callable[[PrepareProgress], None] | None,
     should_stop: Callable[[], bool] | None, chunk_lines: int,
 ) -> TokenizedCorpus:
-    """Tokenize and filter `inputs` into a new entry at `path` (replacing an old one); returns it memory-mapped."""
+    """Tokenize and filter `inputs` into a new entry at `path` (replacing an old one); returns it memory-mapped.
+
+    Sentencepiece encodes a chunk in a worker thread (it releases the GIL) while this thread reads the
+    next chunk and writes the one before: two chunks are in memory at most.
+    """
     what = "training" if name == "train" else "validation"
     total_bytes = sum(src.size + tgt.size for src, tgt in prints)
     started, last_report = time.monotonic(), 0.0
     done_bytes = done_pairs = 0
     stats, records = [], []
-    with temp_entry(path) as temp:
-        writers = {array_name: ArrayWriter(temp / file, "i" if dtype == torch.int32 else "q")
-                   for array_name, (file, dtype) in ARRAYS.items()}
-        writers["src_offsets"].buffer.append(0)
-        writers["tgt_offsets"].buffer.append(0)
-        sides = (
-            (writers["src_tokens"], writers["src_offsets"]),
-            (writers["tgt_tokens"], writers["tgt_offsets"]),
-        )
-        totals = [0, 0]
+
+    def encode(src_texts: list[str], tgt_texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        return src_tokenizer.encode_ids_batch(src_texts), tgt_tokenizer.encode_ids_batch(tgt_texts)
+
+    with temp_entry(path) as temp, ThreadPoolExecutor(max_workers=1) as encoder:
+        writer = EntryWriter(temp, eos_id)
         for (src_path, tgt_path), (src_print, tgt_print) in zip(inputs, prints):
             report = ReadReport()
             counts = dict.fromkeys(("kept", "empty", "too_long", "ratio", "identical"), 0)
+            pending: tuple[int, list[int], Future] | None = None
             for chunk in read_pairs(src_path, tgt_path, what, filters.skip_invalid_utf8, report, chunk_lines):
                 if should_stop is not None and should_stop():
+                    if pending is not None:
+                        pending[2].result()  # let the worker finish before the folder goes
                     raise KeyboardInterrupt
-                kept = filter_chunk(chunk.src, chunk.tgt, chunk.invalid, src_tokenizer, tgt_tokenizer, filters, counts)
-                for (tokens, offsets), ids_of_kept, side in zip(sides, kept[1:], (0, 1)):
-                    for ids in ids_of_kept:
-                        tokens.buffer.extend(ids)
-                        tokens.buffer.append(eos_id)
-                        totals[side] += len(ids) + 1
-                        offsets.buffer.append(totals[side])
-                writers["line_numbers"].buffer.extend(chunk.first_line + index for index in kept[0])
-                for writer in writers.values():
-                    writer.flush()
+                candidates = unencoded_filter(chunk.src, chunk.tgt, chunk.invalid, filters, counts)
+                future = encoder.submit(encode, [chunk.src[i] for i in candidates], [chunk.tgt[i] for i in candidates])
+                if pending is not None:
+                    writer.append(*length_filter(*pending[:2], *pending[2].result(), filters, counts))
+                pending = (chunk.first_line, candidates, future)
                 now = time.monotonic()
                 if on_progress is not None and now - last_report >= PROGRESS_SECONDS:
                     last_report = now
                     on_progress(PrepareProgress(name, done_bytes + chunk.bytes_read, total_bytes,
                                                 done_pairs + report.lines, now - started))
+            if pending is not None:
+                writer.append(*length_filter(*pending[:2], *pending[2].result(), filters, counts))
             done_bytes += src_print.size + tgt_print.size
             done_pairs += report.lines
             stats.append(FilterStats(
@@ -312,11 +350,10 @@ def write_entry(
             ))
             records.append({"src": {**src_print.to_dict(), "sha256": report.src_sha256},
                             "tgt": {**tgt_print.to_dict(), "sha256": report.tgt_sha256}})
-        for writer in writers.values():
-            writer.close()
+        writer.close()
         manifest = {
             "version": CACHE_VERSION, "key": key, "inputs": records, "stats": [item.to_dict() for item in stats],
-            "pairs": writers["line_numbers"].count, "src_tokens": totals[0], "tgt_tokens": totals[1],
+            "pairs": writer.pairs, "src_tokens": writer.totals["src"], "tgt_tokens": writer.totals["tgt"],
             "filters": asdict(filters), "eos_id": eos_id,
         }
         (temp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
@@ -336,14 +373,13 @@ def replace_folder(new: Path, target: Path) -> None:
     new.rename(target)
 
 
-def filter_chunk(
-    src_lines: list[str], tgt_lines: list[str], invalid: set[int], src_tokenizer: PairTokenizer,
-    tgt_tokenizer: PairTokenizer, filters: FilterSettings, counts: dict[str, int],
-) -> tuple[list[int], list[list[int]], list[list[int]]]:
-    """The pairs of a chunk that pass the filters: (their indices in the chunk, source ids, target ids).
+def unencoded_filter(
+    src_lines: list[str], tgt_lines: list[str], invalid: set[int], filters: FilterSettings, counts: dict[str, int],
+) -> list[int]:
+    """The indices of a chunk's pairs that pass the filters needing no tokens (empty, identical).
 
-    Adds each skipped pair to `counts` under its first reason (empty, identical, too_long, ratio) and
-    the kept ones under "kept". Pairs in `invalid` are skipped uncounted (the reader counts them).
+    Adds each pair skipped here to `counts` under its reason; pairs in `invalid` are skipped uncounted
+    (the reader counts them).
     """
     candidates = []
     for index, (src, tgt) in enumerate(zip(src_lines, tgt_lines)):
@@ -356,8 +392,17 @@ def filter_chunk(
             counts["identical"] += 1
         else:
             candidates.append(index)
-    src_ids = src_tokenizer.encode_ids_batch([src_lines[index] for index in candidates])
-    tgt_ids = tgt_tokenizer.encode_ids_batch([tgt_lines[index] for index in candidates])
+    return candidates
+
+
+def length_filter(
+    first_line: int, candidates: list[int], src_ids: list[list[int]], tgt_ids: list[list[int]],
+    filters: FilterSettings, counts: dict[str, int],
+) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """The encoded candidates within max_length and max_length_ratio: (line numbers, source ids, target ids).
+
+    Adds the pairs skipped here to `counts` (too_long, ratio) and the kept ones under "kept".
+    """
     kept: tuple[list[int], list[list[int]], list[list[int]]] = ([], [], [])
     limit, ratio = filters.max_length, filters.max_length_ratio
     for index, src, tgt in zip(candidates, src_ids, tgt_ids):
@@ -366,7 +411,7 @@ def filter_chunk(
         elif ratio and max(len(src), len(tgt)) > ratio * max(min(len(src), len(tgt)), 1):
             counts["ratio"] += 1
         else:
-            kept[0].append(index)
+            kept[0].append(first_line + index)
             kept[1].append(src)
             kept[2].append(tgt)
     counts["kept"] += len(kept[0])

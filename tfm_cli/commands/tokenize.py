@@ -89,7 +89,7 @@ def train(
     user_symbols: List[str] = typer.Option([], "--user-symbol", help="A symbol kept as one piece (repeatable)."),
     byte_fallback: bool = typer.Option(False, "--byte-fallback", help="Spell unknown characters as UTF-8 bytes instead of <unk>."),
     normalization: str = typer.Option("identity", "--normalization", help="identity (lossless: decode inverts encode) or nmt_nfkc."),
-    input_sentence_size: int = typer.Option(1_000_000, "--max-sentences", help="Learn from a seeded uniform sample of at most this many sentences (0 = all): the same text always gives the same model."),
+    input_sentence_size: int = typer.Option(500_000, "--max-sentences", help="Learn from a seeded uniform sample of at most this many sentences (0 = all): the same text always gives the same model."),
     verbose: bool = typer.Option(False, "--verbose", help="Show sentencepiece's own training log."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
