@@ -308,7 +308,28 @@ def spm_encode(argv: list[str]) -> None:
     print(json.dumps({"seconds": time.perf_counter() - start, "lines": lines, "tokens": tokens}))
 
 
-ENTRY_POINTS = {"--measure": measure_child, "--spm-encode": spm_encode}
+def map_entry(argv: list[str]) -> None:
+    """--map-entry ENTRY HOLD_SECONDS: map a prepared cache entry the way `tfm train` does
+    (corpus_cache.read_entry), read every token of it, wait HOLD_SECONDS (so that the other readers
+    have mapped it too), print one JSON line of /proc/self/smaps_rollup figures in KiB, and wait again
+    (so that it is still mapped while the others read theirs)."""
+    from tfm_cli.corpus_cache import read_entry, read_manifest
+
+    entry, hold = Path(argv[0]), float(argv[1])
+    corpus = read_entry(entry, read_manifest(entry), 1 << 30, 1 << 30, check_tokens=False)
+    touched = int(corpus.src_tokens.sum()) + int(corpus.tgt_tokens.sum())  # every page of both sides
+    time.sleep(hold)
+    fields = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+            fields[parts[0][:-1]] = int(parts[1])
+    print(json.dumps({"rss": fields["Rss"], "pss": fields["Pss"], "shared": fields["Shared_Clean"],
+                      "private": fields["Private_Clean"] + fields["Private_Dirty"], "touched": touched > 0}), flush=True)
+    time.sleep(hold)  # stay mapped while the others read their figures
+
+
+ENTRY_POINTS = {"--measure": measure_child, "--spm-encode": spm_encode, "--map-entry": map_entry}
 
 
 # -- running the commands (in this process) -------------------------------------------------------
@@ -529,6 +550,26 @@ def ranks_memory(
               f"written to the cache: {many['cache_writes']} ({ranks} ranks), {one['cache_writes']} (1 process)")
 
 
+def mapped_memory(cache: Path, readers: int) -> None:
+    """Part 6: `readers` processes map the same prepared entry and read all of it at once, against one
+    process alone: the entry is one copy in the page cache, so total PSS grows by the per-process floor only."""
+    (entry,) = [path for path in cache.iterdir() if path.name.startswith("train-")]
+    size = sum(path.stat().st_size for path in entry.iterdir()) / 2**20
+    rows, totals = [], {}
+    for count in (1, readers):
+        processes = [subprocess.Popen([sys.executable, __file__, "--map-entry", str(entry), "8"],
+                                      stdout=subprocess.PIPE, text=True) for _ in range(count)]
+        figures_of = [json.loads(process.communicate()[0]) for process in processes]
+        for index, item in enumerate(figures_of):
+            rows.append([str(count), str(index), *(f"{item[key] / MIB:,.0f}" for key in ("rss", "pss", "shared", "private"))])
+        totals[count] = sum(item["pss"] for item in figures_of)
+        rows.append([str(count), "total", f"{sum(item['rss'] for item in figures_of) / MIB:,.0f}",
+                     f"{totals[count] / MIB:,.0f}", "", ""])
+    print_table(f"One copy: processes mapping the prepared entry {entry.name} ({size:,.0f} MiB) and reading all of it",
+                ["processes", "process", "RSS MiB", "PSS MiB", "shared MiB", "private MiB"], rows)
+    print(f"\ntotal PSS, {readers} processes / 1 process: {totals[readers] / totals[1]:.2f}")
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -598,6 +639,7 @@ def main() -> None:
         if args.ranks_size not in caches:  # prepared for this part only, not a result
             caches[args.ranks_size], _ = prepare(bench, recipe, files, tokenizer, f"{args.ranks_size}-b")
         ranks_memory(bench, recipe, files, caches[args.ranks_size], tokenizer, args.ranks)
+        mapped_memory(caches[args.ranks_size], args.ranks)
     print("\n## Commands, in order (logs in " + str(bench.logs) + ")\n")
     for name, command in bench.commands:
         print(f"* {name}: `{shlex.join(command)}`")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from tfm_cli.allocator import return_freed_memory
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -211,7 +212,8 @@ class EpochSampler:
         self, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, seed: int,
         update_freq: int, world: World, parts: list[tuple[int, int, float]] | None = None,
     ) -> None:
-        self.src_lengths, self.tgt_lengths = src_lengths, tgt_lengths
+        # int32 halves what every rank keeps per pair; lengths are below max_length anyway.
+        self.src_lengths, self.tgt_lengths = src_lengths.to(torch.int32), tgt_lengths.to(torch.int32)
         self.max_tokens, self.seed, self.update_freq, self.world = max_tokens, seed, update_freq, world
         self.parts = parts or [(0, src_lengths.numel(), 1.0)]
         self.cached: tuple[int, EpochBatches] | None = None
@@ -237,6 +239,7 @@ class EpochSampler:
                     "or use fewer processes"
                 )
             self.cached = (epoch, batches.truncated(len(batches) // world_size * world_size))
+            return_freed_memory()  # the sorts' temporaries, which glibc would keep for the whole run
         return self.cached[1]
 
     def update(self, epoch: int, batch_in_epoch: int) -> tuple[list[torch.Tensor], int, int]:
