@@ -1,7 +1,7 @@
 """`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, failing ranks.
 
-Six torchrun launches in all (each a few seconds of torch imports): a straight 2-process run; a
-2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
+Seven torchrun launches in all (each a few seconds of torch imports): a straight 2-process run (and one with a
+budgeted learning-rate schedule); a 2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
 whose rank 0 fails while preparing the data; one with fewer batches than ranks; and one whose rank 0
 prepares for longer than train.dist_timeout (tfm_cli.distributed.PREPARE_DELAY_ENV).
 """
@@ -108,6 +108,19 @@ def test_two_processes_give_the_weights_of_one_process_with_the_same_effective_b
     train_records = [record for record in records if record["kind"] == "train"]
     assert [record["step"] for record in train_records] == list(range(1, STEPS + 1))  # rank 0 alone writes
     assert train_records[-1]["loss"] < train_records[0]["loss"]  # it trained: equal untouched weights prove nothing
+
+
+def test_a_budgeted_schedule_gives_every_rank_the_learning_rate_of_one_process(tmp_path, data):
+    linear = {"lr_schedule": "linear", "lr": 3e-3}
+    single = run_cli(["train", TINY, "--run", tmp_path / "single", "--threads", "1",
+                      *options(data, update_freq=2, **linear)])
+    assert single.exit_code == 0, single.stderr
+    result = torchrun(tmp_path / "two", options(data, **linear))
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = weights(tmp_path / "single" / "checkpoint_last.safetensors")
+    got = weights(tmp_path / "two" / "checkpoint_last.safetensors")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5, msg=name)
 
 
 def test_a_failing_rank_stops_the_run_with_an_error_and_the_run_resumes(tmp_path, data, two_process_run):

@@ -273,6 +273,10 @@ class TrainConfig:
     # with lr > 0, the same warmup-then-inverse-sqrt shape scaled to peak at `lr` after warmup.
     lr: float = 0.0
     warmup_steps: int = 4000
+    # After warmup: "inverse_sqrt" (section 5.3, never reaches zero), or "linear" / "cosine" decay to
+    # zero at the end of the budget (the first of max_steps, max_epochs, max_minutes to run out, by the
+    # fraction used): a fixed budget ends annealed (Li et al., "Budgeted Training", ICLR 2020). Needs lr > 0.
+    lr_schedule: str = "inverse_sqrt"
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -350,6 +354,19 @@ class TrainConfig:
             )
         if self.lr == 0 and self.warmup_steps == 0:
             raise TfmError("train.warmup_steps must be > 0 with the paper's schedule (train.lr = 0)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise TfmError(f"train.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.lr_schedule != "inverse_sqrt":
+            if self.lr == 0:
+                raise TfmError(f"train.lr_schedule = {self.lr_schedule!r} needs the peak learning rate train.lr > 0")
+            if not (self.max_steps or self.max_epochs or self.max_minutes):
+                raise TfmError(
+                    f"train.lr_schedule = {self.lr_schedule!r} decays to zero at the end of the budget: set "
+                    "train.max_steps, train.max_epochs or train.max_minutes"
+                )
+
+
+LR_SCHEDULES = ("inverse_sqrt", "linear", "cosine")
 
 
 # Far above any real subword vocabulary; sentencepiece itself takes a 32-bit size.

@@ -31,7 +31,7 @@ from tfm_cli.training.events import (
 )
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.log_window import LogWindow
-from tfm_cli.training.objective import LossModule, learning_rate
+from tfm_cli.training.objective import LossModule, scheduled_learning_rate
 from tfm_cli.training.preparation import PreparedData, prepare_on_rank0_first
 from tfm_cli.training.run_dir import (
     BEST_CHECKPOINT,
@@ -123,6 +123,7 @@ class Trainer:
         dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type)
         self.counters = Counters(world_size=world.world_size)
+        self.agreed_elapsed = 0.0  # set by agreed_stop_reason before every update
         self.last_valid: ValidResult | None = None
         self.metrics_path = run_dir / METRICS_FILE
         parts = [(first, rows, weight) for (first, rows), weight in zip(data.train.part_rows(), data.train_weights)]
@@ -279,16 +280,34 @@ class Trainer:
         return None
 
     def agreed_stop_reason(self, should_stop: Callable[[], bool]) -> str | None:
-        """stop_reason as rank 0 sees it, or interrupted if any rank was asked to stop; the same on all ranks."""
+        """stop_reason as rank 0 sees it, or interrupted if any rank was asked to stop; the same on all ranks.
+
+        Also sets agreed_elapsed, the training time the learning-rate schedule counts: the largest
+        of the ranks' own clocks (in milliseconds), so that every rank uses the same learning rate.
+        """
         reason = self.stop_reason(should_stop)
         if not self.world.distributed:
+            self.agreed_elapsed = self.counters.elapsed
             return reason
         code = STOP_REASONS.index(reason) + 1 if reason is not None and self.world.is_main else 0
-        votes = torch.tensor([code, int(reason == STOP_INTERRUPTED)], device=self.device)
-        code, interrupted = distributed.all_reduce_max(votes, self.world).tolist()
+        votes = torch.tensor([code, int(reason == STOP_INTERRUPTED), round(self.counters.elapsed * 1000)],
+                             device=self.device)
+        code, interrupted, elapsed_ms = distributed.all_reduce_max(votes, self.world).tolist()
+        self.agreed_elapsed = elapsed_ms / 1000
         if interrupted:
             return STOP_INTERRUPTED
         return STOP_REASONS[code - 1] if code else None
+
+    def budget_used(self) -> float:
+        """The fraction of the training budget spent: the largest of steps done / the step or epoch
+        limit and agreed training time / max_minutes (0 with no such limit)."""
+        fractions = []
+        planned = self.planned_steps()
+        if planned:
+            fractions.append(self.counters.step / planned)
+        if self.config.max_minutes:
+            fractions.append(self.agreed_elapsed / (self.config.max_minutes * 60))
+        return max(fractions, default=0.0)
 
     def eta(self, seconds_per_step: float) -> float | None:
         """Seconds until the nearest step, epoch or time limit, at the current speed."""
@@ -313,7 +332,9 @@ class Trainer:
         while reason is None:
             distributed.check_fault_hook(self.world, counters.step + 1)
             batches = next(updates)
-            lr = learning_rate(counters.step + 1, d_model, config.warmup_steps, config.lr)
+            lr = scheduled_learning_rate(
+                counters.step + 1, d_model, config.warmup_steps, config.lr, config.lr_schedule, self.budget_used()
+            )
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
