@@ -132,3 +132,18 @@ def test_bad_corpus_settings_are_one_line(tmp_path, letters, setting, message):
     result = run_cli(["train", TINY, "--run", tmp_path / "run", *letter_settings(letters), "--set", setting])
     assert result.exit_code == 1
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_whose_config_predates_the_corpus_settings_resumes(tmp_path, letters):
+    settings = letter_settings(letters, **{"train.max_steps": 2})
+    assert run_cli(["train", TINY, "--run", tmp_path / "run", *settings]).exit_code == 0
+    config_path = tmp_path / "run" / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("max_length_ratio", "skip_identical", "invalid_utf8", "train_weight", "more_train", "cache_dir"):
+        del config["recipe"]["data"][key]
+    config_path.write_text(json.dumps(config))
+    resumed = run_cli(["train", "--run", tmp_path / "run", "--resume", "--set", "train.max_steps=3"])
+    assert resumed.exit_code == 0, resumed.stderr
+    changed = run_cli(["train", "--run", tmp_path / "run", "--resume", "--set", "train.max_steps=4",
+                       "--set", "data.skip_identical=true"])
+    assert changed.exit_code == 1 and "data.skip_identical is True but the run" in changed.stderr

@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.config import ModelShape, Recipe, config_from_dict, config_to_dict
+from tfm_cli.config import DataConfig, ModelShape, Recipe, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.textio import atomic_write_bytes, file_in_the_way
 
@@ -103,6 +104,8 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
     current = recipe.to_dict()
     # A [model] section is compared with its defaults filled in: config.json may list only the keys set.
     saved = {**saved, "model": config_to_dict(config_from_dict(ModelShape, saved.get("model", {}), "model"))}
+    # [data] keys newer than the run's config.json are compared as their defaults (what the run used).
+    saved["data"] = {**data_defaults(), **saved.get("data", {})}
     for section in ("data", "tokenizer", "model"):
         old, new = saved.get(section, {}), current[section]
         for key in sorted(set(old) | set(new)):
@@ -113,6 +116,12 @@ def check_resumable(recipe: Recipe, run_dir: Path) -> None:
                     f"--resume: {section}.{key} is {new.get(key)!r} but the run in {run_dir} used {old.get(key)!r}; "
                     "only [train] settings may change on resume"
                 )
+
+
+def data_defaults() -> dict[str, Any]:
+    """The [data] settings that have defaults, as Recipe.to_dict writes them."""
+    defaults = {f.name: f.default for f in dataclasses.fields(DataConfig) if f.default is not dataclasses.MISSING}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in defaults.items()}
 
 
 def check_run_folder_shape(run_dir: Path) -> None:
