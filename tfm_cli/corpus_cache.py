@@ -269,10 +269,9 @@ class EntryWriter:
             for ids in sequences:
                 ids.append(self.eos_id)
             self.arrays[f"{side}_tokens"].buffer.extend(itertools.chain.from_iterable(sequences))
-            ends = itertools.accumulate(map(len, sequences), initial=self.totals[side])
-            next(ends)  # the initial value is the offset already written
-            self.arrays[f"{side}_offsets"].buffer.extend(ends)
-            self.totals[side] = self.arrays[f"{side}_offsets"].buffer[-1] if sequences else self.totals[side]
+            start = self.totals[side]
+            self.arrays[f"{side}_offsets"].buffer.extend(start + end for end in itertools.accumulate(map(len, sequences)))
+            self.totals[side] = self.arrays[f"{side}_offsets"].buffer[-1] if sequences else start
         self.arrays["line_numbers"].buffer.extend(line_numbers)
         for writer in self.arrays.values():
             writer.flush()

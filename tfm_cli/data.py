@@ -217,6 +217,7 @@ class EpochSampler:
         self.max_tokens, self.seed, self.update_freq, self.world = max_tokens, seed, update_freq, world
         self.parts = parts or [(0, src_lengths.numel(), 1.0)]
         self.cached: tuple[int, EpochBatches] | None = None
+        self.epoch0_updates: int | None = None
 
     def epoch_batches(self, epoch: int) -> EpochBatches:
         """The batches of epoch `epoch`, the same on every rank.
@@ -263,8 +264,11 @@ class EpochSampler:
 
     def updates_per_epoch(self) -> int:
         """Optimizer updates in an epoch (that of epoch 0: with fractional corpus weights, later epochs
-        sample other pairs and may differ by a few)."""
-        return -(-len(self.epoch_batches(0)) // (self.update_freq * self.world.world_size))
+        sample other pairs and may differ by a few). Counted once: the schedule asks at every update,
+        and rebuilding epoch 0 there would evict the current epoch's batches."""
+        if self.epoch0_updates is None:
+            self.epoch0_updates = -(-len(self.epoch_batches(0)) // (self.update_freq * self.world.world_size))
+        return self.epoch0_updates
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
