@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save
 from tfm_cli.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
-from tfm_cli.model.kernels import pack_weights
+from tfm_cli.model.precision import convert_linear_layers
 from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
 from tfm_cli.vocabulary import MappedTokenizer, decode_vocabulary, encode_vocabulary
@@ -357,26 +357,27 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
             )
 
 
-def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer with the checkpoint's weights (float32), in eval mode, on `device`, for inference.
+def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32") -> Transformer:
+    """A Transformer with the checkpoint's weights, in eval mode, on `device`, for inference.
 
-    Its weights are packed for CPU inference once (kernels.pack_weights): it must not be trained.
+    Its linear layers run in `dtype` ("float32", "bf16" or "int8", see model/precision.py), converted
+    or packed once: the model must not be trained.
     """
     model = Transformer(checkpoint.config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(checkpoint.weights[name].to(torch.float32))
     model = model.to(device).eval()
-    pack_weights(model)
+    convert_linear_layers(model, dtype)
     return model
 
 
-def load_model(path: Path | str, device: str | torch.device = "cpu") -> LoadedModel:
-    """Read, validate and build: the one call translate, score and inspect-attention need."""
+def load_model(path: Path | str, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Read, validate and build (linear layers in `dtype`): the one call translate, score and inspect-attention need."""
     checkpoint = read_checkpoint(path)
     src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(path, checkpoint)
     return LoadedModel(
-        build_model(checkpoint, device), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults
+        build_model(checkpoint, device, dtype), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults
     )
 
 

@@ -15,7 +15,9 @@ import typer
 from tfm_cli.commands.options import (
     apply_threads,
     device_option,
+    dtype_option,
     parse_head,
+    resolve_dtype,
     threads_option,
 )
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
@@ -59,6 +61,7 @@ def inspect_attention(
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
     beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy); default: the model's own, else 5."),
     device: str = device_option(),
+    dtype: str = dtype_option(),
     threads: int = threads_option(),
     as_json: bool = typer.Option(False, "--json", help="Same as --format json."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
@@ -93,10 +96,11 @@ def inspect_attention(
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
     pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
-    loaded = load_model(model, device=target_device)
+    inference_dtype = resolve_dtype(dtype, target_device, quiet)
+    loaded = load_model(model, device=target_device, dtype=inference_dtype)
     if ctx.get_parameter_source("beam").name == "DEFAULT":
         beam = loaded.decode_defaults.get("beam_size", beam)  # the model's own, as translate uses it
-    reverse = load_model(reverse_model, device=target_device) if reverse_model else None
+    reverse = load_model(reverse_model, device=target_device, dtype=inference_dtype) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":

@@ -15,6 +15,32 @@ def device_option(scope: str = "") -> Any:
     return typer.Option("auto", "--device", help=f"{scope}Torch device: auto (CUDA if available), cpu, cuda or cuda:N.")
 
 
+def dtype_option(scope: str = "") -> Any:
+    """The --dtype option: the precision of the model's linear layers at inference (model/precision.py)."""
+    return typer.Option(
+        "float32", "--dtype",
+        help=f"{scope}Precision of the linear layers: float32 (the reference), bf16, int8 (weights and activations "
+        "quantised, CPU only), or auto (bf16 on a CPU with native bfloat16, else float32).",
+    )
+
+
+def resolve_dtype(requested: str, device: Any, quiet: bool = False) -> str:
+    """The precision a --dtype value means on `device` (a torch.device): "float32", "bf16" or "int8".
+
+    Prints the choice's warning (a slow bf16) on stderr, and what `auto` chose unless `quiet`;
+    raises TfmError for a value the device or the torch build cannot run.
+    """
+    from tfm_cli.console import print_info, print_warning
+    from tfm_cli.model.precision import choose_dtype
+
+    choice = choose_dtype(requested, device)
+    if choice.warning:
+        print_warning(choice.warning)
+    if requested == "auto":
+        print_info(f"--dtype auto: running in {choice.dtype} on {device}", quiet=quiet)
+    return choice.dtype
+
+
 def threads_option(scope: str = "") -> Any:
     """The --threads option (`scope` prefixes its help)."""
     return typer.Option(0, "--threads", help=f"{scope}CPU threads for torch (0 = torch's default).")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, threads_option
+from tfm_cli.commands.options import apply_threads, device_option, dtype_option, resolve_dtype, threads_option
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 
@@ -44,6 +44,7 @@ def score(
     alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty); default: the model's own, else 0.6."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
     device: str = device_option('With -m: '),
+    dtype: str = dtype_option('With -m: '),
     threads: int = threads_option('With -m: '),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     as_json: bool = typer.Option(False, "--json", help="JSON for pipelines: a list of metrics, one object per line with --sentence, or with -m one object per pair (schema tfm-score/1, see README)."),
@@ -55,7 +56,7 @@ def score(
             raise TfmError("-m/--model scores --src/--tgt with a model; -r/--reference is for metrics, not both")
         if src is None or tgt is None:
             raise TfmError("-m/--model needs both --src and --tgt (line-parallel files)")
-        score_with_model(ctx, model, src, tgt, normalize, alpha, batch_size, device, threads, output, as_json, quiet)
+        score_with_model(ctx, model, src, tgt, normalize, alpha, batch_size, device, dtype, threads, output, as_json, quiet)
         return
     if src is not None or tgt is not None:
         raise TfmError("--src/--tgt are for model scoring; add -m/--model, or use -r/-i for metrics")
@@ -161,6 +162,7 @@ def score_with_model(
     alpha: float,
     batch_size: int,
     device: str,
+    dtype: str,
     threads: int,
     output: str,
     as_json: bool,
@@ -181,7 +183,8 @@ def score_with_model(
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
     apply_threads(ctx, threads)
-    loaded = load_model(model_path, device=resolve_device(device))
+    target_device = resolve_device(device)
+    loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     if ctx.get_parameter_source("alpha").name == "DEFAULT" and "length_penalty" in loaded.decode_defaults:
         alpha = loaded.decode_defaults["length_penalty"]  # the model's own, as translate uses it
     # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.

@@ -11,7 +11,9 @@ import typer
 from tfm_cli.commands.options import (
     apply_threads,
     device_option,
+    dtype_option,
     parse_head,
+    resolve_dtype,
     threads_option,
 )
 from tfm_cli.console import print_info, print_warning, stderr_console
@@ -67,6 +69,7 @@ def translate(
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
     batch_size: int = typer.Option(128, "--batch-size", help="Sentences per batch."),
     device: str = device_option(),
+    dtype: str = dtype_option(),
     threads: int = threads_option(),
     progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
@@ -110,7 +113,8 @@ def translate(
     align = AlignmentConfig(layer=align_layer, head=parse_head(align_head, "--align-head")) if want_alignment else None
     from tfm_cli.devices import resolve_device
 
-    loaded = load_model(model, device=resolve_device(device))
+    target_device = resolve_device(device)
+    loaded = load_model(model, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     decode = with_model_defaults(ctx, decode, loaded.decode_defaults)
     prefix = ()
     if target_lang is not None:

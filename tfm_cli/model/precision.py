@@ -1,0 +1,196 @@
+"""Inference in float32, bfloat16 or int8: which one a machine runs natively, and the linear layers of each.
+
+float32 is the default and the reference. The other two change the linear layers only (the attention
+projections, the feed-forward layers and the output projection); embeddings, LayerNorm, the attention
+products and softmax, and the searches stay float32.
+
+- bf16: the weights are stored in bfloat16 (packed once for oneDNN), each input is rounded to
+  bfloat16, oneDNN accumulates the products in float32, and the result comes back as float32. Fast
+  where the CPU multiplies bfloat16 natively (AVX512-BF16, AMX-BF16); elsewhere the conversions are
+  done in software and bf16 is slower than float32.
+- int8: each weight row (output feature) is quantised once with its own scale max|w| / 127; each
+  input row is quantised at each call with its own scale (dynamic, per token); the product runs in
+  int32 by `torch._int_mm`, oneDNN's int8 GEMM (VNNI or AMX dot products where the CPU has them,
+  AVX2's byte multiply-adds where it does not), and is rescaled to float32. `torch._int_mm` is an
+  ATen operator, not part of the deprecated `torch.ao.quantization`: it is the int8 GEMM that
+  torchao's dynamic quantisation and Inductor call. The int32 product is exact and every other step
+  works row by row, so a row's result never depends on the other rows of its batch: int8 decoding
+  is batch invariant, as float32's is.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfm_cli.errors import TfmError
+from tfm_cli.model.kernels import onednn_linear_available, pack_weights
+
+INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
+INT8_MAX = 127
+
+
+@dataclass(frozen=True)
+class CpuSupport:
+    """What this CPU does natively for the reduced precisions (from torch's cpuinfo)."""
+
+    native_bf16: bool  # bfloat16 dot products: AVX512-BF16 or AMX-BF16
+    int8_dot_products: bool  # int8 dot products: AVX512-VNNI, AVX-VNNI or AMX-INT8
+
+    def describe(self) -> str:
+        """A phrase for messages, e.g. 'native bf16, int8 dot products'."""
+        parts = ["native bf16" if self.native_bf16 else "no native bf16"]
+        parts.append("int8 dot products" if self.int8_dot_products else "no int8 dot products")
+        return ", ".join(parts)
+
+
+def cpu_support(capabilities: Mapping[str, object] | None = None) -> CpuSupport:
+    """The CPU's bf16/int8 support from `capabilities` (default: torch.cpu.get_capabilities()).
+
+    Returns a CpuSupport; a torch without get_capabilities reports neither.
+    """
+    if capabilities is None:
+        capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    has = {name for name, value in capabilities.items() if value is True}
+    return CpuSupport(
+        native_bf16=bool(has & {"avx512_bf16", "amx_bf16"}),
+        int8_dot_products=bool(has & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+    )
+
+
+@functools.cache
+def int8_matmul_available() -> bool:
+    """True when this torch build multiplies int8 matrices on the CPU (torch._int_mm)."""
+    if not hasattr(torch, "_int_mm"):
+        return False
+    try:
+        ones = torch.ones(16, 16, dtype=torch.int8)
+        return bool(torch._int_mm(ones, ones)[0, 0] == 16)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The precision a command runs in, and a warning to show when the request is a poor fit."""
+
+    dtype: str  # "float32", "bf16" or "int8"
+    warning: str | None = None
+
+
+def choose_dtype(requested: str, device: torch.device, support: CpuSupport | None = None) -> DtypeChoice:
+    """Resolve a --dtype value for `device` (support: the CPU's, default cpu_support()).
+
+    auto: bf16 on a CPU with native bf16, float32 everywhere else (int8 is never chosen for the
+    user: it is a deliberate trade of quality for speed). An explicit bf16 on a CPU without native
+    bf16 runs with a warning that it is slower than float32. Raises TfmError for an unknown value,
+    for int8 on CUDA, for bf16 on a GPU without bfloat16, and for int8 with a torch build that
+    cannot multiply int8 matrices on the CPU.
+    """
+    if requested not in INFERENCE_DTYPES:
+        raise TfmError(f"--dtype {requested}: choose one of {', '.join(INFERENCE_DTYPES)}")
+    if device.type == "cuda":
+        if requested == "int8":
+            raise TfmError("--dtype int8 runs on the CPU only; on CUDA use --dtype bf16 or float32")
+        if requested == "bf16" and not torch.cuda.is_bf16_supported():
+            raise TfmError(f"--dtype bf16: {device} has no bfloat16 support; use --dtype float32")
+        return DtypeChoice("float32" if requested == "auto" else requested)
+    support = cpu_support() if support is None else support
+    if requested == "auto":
+        return DtypeChoice("bf16" if support.native_bf16 else "float32")
+    if requested == "bf16" and not support.native_bf16:
+        return DtypeChoice(
+            "bf16",
+            "--dtype bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it runs, but slower than "
+            "float32 (--dtype auto never picks bf16 here)",
+        )
+    if requested == "int8" and not int8_matmul_available():
+        raise TfmError(
+            f"--dtype int8: this torch build ({torch.__version__}) has no CPU int8 matrix product "
+            "(torch._int_mm); use --dtype float32, or torch >= 2.4"
+        )
+    return DtypeChoice(requested)
+
+
+class BFloat16Linear(nn.Module):
+    """x @ W.T + b with W and b in bfloat16: float32 in, float32 out, products in bfloat16.
+
+    On a CPU with oneDNN the weight is packed once into oneDNN's layout (as kernels.Linear does for
+    float32); elsewhere (a GPU, a torch without oneDNN) it is F.linear in bfloat16.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        packable = weight.device.type == "cpu" and onednn_linear_available()
+        self.packed = packable and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in_features) float32 -> (..., out_features) float32."""
+        x = x.to(torch.bfloat16)
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "").float()
+        return F.linear(x, self.weight, self.bias).float()
+
+
+def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantisation of each row. matrix: (R, K) float32.
+
+    Returns (int8 values (R, K), float32 scales (R, 1)) with matrix ~= values * scales; a row's
+    scale is max|row| / 127, so its largest entry maps to +-127. An all-zero row gets scale 1e-12
+    (and all-zero values) instead of a division by zero.
+    """
+    scales = matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(INT8_MAX)  # (R, 1)
+    values = (matrix / scales).round_().to(torch.int8)
+    return values, scales
+
+
+class Int8Linear(nn.Module):
+    """x @ W.T + b with W quantised per output feature and x quantised per row at each call.
+
+    Holds W as int8 (in_features, out_features), its scales (out_features,) and a float32 bias.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        values, scales = quantize_rows(linear.weight.detach().float())  # (N, K), (N, 1)
+        self.weight_t = values.t().contiguous()  # (K, N): the layout torch._int_mm is fastest with
+        self.weight_scales = scales.view(-1)  # (N,)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in_features) float32 -> (..., out_features) float32."""
+        rows = x.reshape(-1, x.size(-1))  # (R, K)
+        values, row_scales = quantize_rows(rows)
+        products = torch._int_mm(values, self.weight_t)  # (R, N) int32, exact
+        scaled = products * row_scales  # (R, N) float32
+        if self.bias is None:
+            output = scaled.mul_(self.weight_scales)
+        else:
+            output = torch.addcmul(self.bias, scaled, self.weight_scales)
+        return output.view(*x.shape[:-1], -1)
+
+
+def convert_linear_layers(model: nn.Module, dtype: str) -> None:
+    """Run every linear layer of `model` in `dtype` ("float32", "bf16" or "int8"), for inference only.
+
+    float32 packs tfm's Linear layers for oneDNN (kernels.pack_weights). bf16 and int8 replace each
+    nn.Linear by a BFloat16Linear or Int8Linear made from its weights; a weight shared with an
+    embedding (a tied output projection) stays float32 in the embedding. Returns nothing; the
+    model is changed in place and must not be trained afterwards.
+    """
+    if dtype == "float32":
+        pack_weights(model)
+        return
+    replacement = {"bf16": BFloat16Linear, "int8": Int8Linear}[dtype]
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):  # tfm's kernels.Linear included
+                setattr(module, name, replacement(child))
