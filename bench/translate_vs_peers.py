@@ -3,12 +3,17 @@
 One run measures, side by side and interleaved, every engine on the same token ids:
   tfm         tfm_cli.search.greedy_search / beam_search (incremental cache), float32, on the
               same batches as the peers
+  tfm-int8, tfm-bf16  the same, the model loaded with --dtype int8 / bf16 (tfm_cli/model/precision.py)
   tfm-translate  the `tfm translate` library path (tfm_cli.translation.Translator.translate_chunk on
               the raw lines: tokenization, its own equal-source-length batching with its default
               --batch-size/--max-tokens, beam_search also for beam 1, detokenization), float32
   hf-marian   transformers MarianMTModel.generate on `tfm export --to marian`'s folder, float32
   ct2-float32 CTranslate2 Translator on `tfm export --to ctranslate2`'s model
   ct2-int8    the same, weights quantized to int8 (`--quantization int8`)
+  ct2-bf16    the float32 model run with compute_type="bfloat16", where CTranslate2 offers it on
+              this CPU (ctranslate2.get_supported_compute_types("cpu")); dropped with a note elsewhere
+A second table pairs each tfm precision with CTranslate2 in the same precision (tfm-int8 with
+ct2-int8, ...): "tfm faster by" > 1 means tfm is faster.
 Each (OMP_WAIT_POLICY, beam, engine, repeat) runs in its own subprocess, because OpenMP reads
 OMP_WAIT_POLICY once when torch or CTranslate2 loads. The subprocess loads the model, decodes
 the first batch once as a warm-up, then times decoding of all batches (tokenization excluded).
@@ -27,7 +32,11 @@ intra_threads), inter 1.
 With --reference (the target side of --source), a BLEU column scores each engine's detokenized
 output with sacrebleu (default settings), which is how the int8 rows' quality loss is reported.
 
-Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE] [--reference REF]
+With --isa avx2, every engine is capped at AVX2 (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS,
+ATEN_CPU_CAPABILITY, CT2_FORCE_CPU_ISA): how an AVX-512 machine's kernels compare to the ones an
+AVX2-only CPU runs (the same cores, so not a measurement of another CPU model).
+
+Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE] [--reference REF] [--isa avx2]
 Without --model, a random Multi30k-size model that never emits EOS is made (bench/bench_model.py).
 """
 
@@ -46,7 +55,13 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"
-ENGINES = ("tfm", "tfm-translate", "hf-marian", "ct2-float32", "ct2-int8")
+ENGINES = ("tfm", "tfm-int8", "tfm-bf16", "tfm-translate", "hf-marian", "ct2-float32", "ct2-int8", "ct2-bf16")
+TFM_DTYPES = {"tfm": "float32", "tfm-int8": "int8", "tfm-bf16": "bf16"}
+# Each tfm precision and its CTranslate2 counterpart, for the same-precision table.
+SAME_PRECISION = (("tfm", "ct2-float32"), ("tfm-int8", "ct2-int8"), ("tfm-bf16", "ct2-bf16"))
+# Environment variables that cap each engine's kernels at AVX2 (--isa avx2).
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "CT2_FORCE_CPU_ISA": "AVX2"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class Job:
     beam: int
     max_steps: int
     threads: int
+    isa: str
     checkpoint: str
     source: str
     workdir: str
@@ -123,16 +139,16 @@ def load_engine(job: Job):
     torch.set_num_threads(job.threads)
     torch.set_num_interop_threads(1)
     workdir = Path(job.workdir)
-    if job.engine in ("tfm", "tfm-translate"):
+    if job.engine in (*TFM_DTYPES, "tfm-translate"):
         from tfm_cli.allocator import keep_freed_memory
 
         keep_freed_memory()  # what `tfm translate` does at start-up
-    if job.engine == "tfm":
+    if job.engine in TFM_DTYPES:
         from tfm_cli.checkpoint import load_model
         from tfm_cli.config import DecodeConfig
         from tfm_cli.search import beam_search, greedy_search
 
-        model = load_model(job.checkpoint).model
+        model = load_model(job.checkpoint, dtype=TFM_DTYPES[job.engine]).model
         pad = model.config.pad_id
         # tfm counts its forced EOS as a step: max_steps - 1 tokens, then EOS.
         decode_config = DecodeConfig(beam_size=job.beam, length_penalty=0.0, max_len_a=0.0, max_len_b=job.max_steps - 1)
@@ -179,8 +195,9 @@ def load_engine(job: Job):
 
     loaded = load_model(job.checkpoint)
     src_pieces = [loaded.src_tokenizer.id_to_piece(i) for i in range(loaded.src_tokenizer.vocab_size)]
+    folder, compute_type = ("ct2-float32", "bfloat16") if job.engine == "ct2-bf16" else (job.engine, "default")
     translator = ctranslate2.Translator(
-        str(workdir / job.engine), device="cpu", inter_threads=1, intra_threads=job.threads
+        str(workdir / folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=job.threads
     )
 
     def decode(batch):
@@ -210,6 +227,8 @@ def strip_marian(row: list[int], eos: int, pad: int) -> list[int]:
 def run_in_subprocess(job: Job, policy: str) -> dict:
     """Run `job` in a fresh interpreter with OMP_WAIT_POLICY=policy; returns its JSON result."""
     env = dict(os.environ, OMP_WAIT_POLICY=policy, OMP_NUM_THREADS=str(job.threads), TOKENIZERS_PARALLELISM="false")
+    if job.isa == "avx2":
+        env.update(AVX2_ONLY)
     env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), env.get("PYTHONPATH", "")])
     subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job.__dict__)],
@@ -242,13 +261,22 @@ def corpus_bleu(checkpoint: Path, outputs: dict[str, list[int]], reference: Path
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
+def ct2_has_cpu_bfloat16() -> bool:
+    """Whether CTranslate2 runs bfloat16 on this machine's CPU (in its own process: OMP settings)."""
+    command = "import ctranslate2; print('bfloat16' in ctranslate2.get_supported_compute_types('cpu'))"
+    return subprocess.run([sys.executable, "-c", command], capture_output=True, text=True).stdout.strip() == "True"
+
+
 def machine_description() -> str:
     """CPU model name and core count (lscpu), Python, torch, transformers and CTranslate2 versions."""
-    model = "unknown CPU"
+    model, flags = "unknown CPU", []
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
             if line.startswith("Model name:"):
                 model = line.split(":", 1)[1].strip()
+            if line.startswith("Flags:"):
+                flags = [flag for flag in line.split()[1:]
+                         if flag.startswith(("avx2", "avx512", "amx")) or "vnni" in flag or "bf16" in flag]
     except OSError:
         pass
     import ctranslate2
@@ -256,8 +284,9 @@ def machine_description() -> str:
     import transformers
 
     return (
-        f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}; no GPU"
+        f"{model}, {os.cpu_count()} cores, lscpu flags {' '.join(flags) or 'unknown'}; "
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"ctranslate2 {ctranslate2.__version__}; no GPU"
     )
 
 
@@ -279,6 +308,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=24, help="decoder steps per sentence at most (EOS included)")
     parser.add_argument("--limit", type=int, default=1000, help="use the first LIMIT source lines")
     parser.add_argument("--reference", type=Path, help="target side of --source: adds a BLEU column")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native", help="avx2: cap every engine at AVX2")
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH_DIR))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -289,10 +319,14 @@ def main() -> None:
         checkpoint = make_bench_checkpoint(args.workdir / "random.safetensors")
     batches_file = prepare(checkpoint, args.workdir, args.source, args.batch_size, args.limit)
     engines = args.engines.split(",")
+    if "ct2-bf16" in engines and not ct2_has_cpu_bfloat16():
+        engines.remove("ct2-bf16")
+        print("# ct2-bf16 dropped: CTranslate2 offers no bfloat16 compute type on this CPU")
     n_sentences = sum(len(b) for b in json.loads(batches_file.read_text()))
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine_description()}")
     print(f"# model {checkpoint}; {n_sentences} sentences from {args.source}; batch {args.batch_size} sentences; "
-          f"max {args.max_steps} decoder steps; {args.threads} threads; median of {args.runs} runs")
+          f"max {args.max_steps} decoder steps; {args.threads} threads; median of {args.runs} runs; ISA {args.isa}")
+    pairs_rows = []
     bleu_header, bleu_rule = (" BLEU |", "---|") if args.reference else ("", "")
     print(f"| OMP_WAIT_POLICY | beam | engine | sentences/s | target tokens/s | tfm / engine | per-repeat tfm / engine: "
           f"median (min-max) | agreement with tfm |{bleu_header}")
@@ -305,8 +339,8 @@ def main() -> None:
                 # Interleaved, so load changes hit every engine alike; the order flips every repeat,
                 # so no engine always runs first.
                 for engine in engines if repeat % 2 == 0 else engines[::-1]:
-                    job = Job(engine, beam, args.max_steps, args.threads, str(checkpoint), str(args.source), str(args.workdir),
-                              str(batches_file), str(args.workdir / f"out-{engine}.json"))
+                    job = Job(engine, beam, args.max_steps, args.threads, args.isa, str(checkpoint), str(args.source),
+                              str(args.workdir), str(batches_file), str(args.workdir / f"out-{engine}.json"))
                     result = run_in_subprocess(job, policy)
                     seconds[engine].append(result["seconds"])
                     outputs[engine] = result["outputs"]
@@ -322,6 +356,15 @@ def main() -> None:
                 bleu = f" {corpus_bleu(checkpoint, outputs[engine], args.reference):.2f} |" if args.reference else ""
                 print(f"| {policy} | {beam} | {engine} | {n_sentences / median[engine]:.1f} | "
                       f"{tokens / median[engine]:.0f} | {ratio:.2f} | {paired_text} | {agree:.1f}% |{bleu}", flush=True)
+            for tfm_engine, peer in SAME_PRECISION:
+                if tfm_engine in seconds and peer in seconds:
+                    paired = sorted(p / t for p, t in zip(seconds[peer], seconds[tfm_engine]))
+                    pairs_rows.append(f"| {policy} | {beam} | {tfm_engine} / {peer} | "
+                                      f"{median[peer] / median[tfm_engine]:.2f} | {paired[0]:.2f}-{paired[-1]:.2f} |")
+    if pairs_rows:
+        print("\n| OMP_WAIT_POLICY | beam | same precision | tfm faster by (median times) | per repeat min-max |")
+        print("|---|---|---|---|---|")
+        print("\n".join(pairs_rows))
 
 
 if __name__ == "__main__":

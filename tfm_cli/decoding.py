@@ -20,6 +20,7 @@ import torch
 
 from tfm_cli.config import ModelConfig
 from tfm_cli.model import DecoderState, Transformer
+from tfm_cli.step_threads import StepThreads, one_thread
 
 MIN_STEP_ROWS = 16
 # A source is always padded to the next multiple of this many tokens, alone or in a batch.
@@ -108,6 +109,7 @@ class TransformerDecoder:
         self.src_lengths = (src != config.pad_id).sum(1)  # (N,) counting the source EOS
         self.state: DecoderState | None = None
         self.rows = 0  # real rows; the state may hold more (padding copies)
+        self.step_threads = StepThreads.for_model(config, model.inference_dtype)
 
     def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
         """Per sentence, a * src_len + b output tokens (EOS excluded, src_len counting the source EOS).
@@ -137,11 +139,13 @@ class TransformerDecoder:
         tokens = tokens.to(self.src.device)
         if self.batch_invariant:
             tokens = padded_rows(tokens, self.state.group_width)
-        output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
+        with one_thread(self.step_threads.single_thread(tokens.numel())):
+            output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
         return torch.log_softmax(output.logits[: self.rows].float(), dim=-1)
 
     def select(self, rows: torch.Tensor, group_width: int = 1) -> None:
         """Keep `rows` (R',) int64 of the state, in order; groups of `group_width` rows share a sentence."""
         self.rows = rows.numel()
         rows = rows.to(self.src.device)
-        self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)
+        with one_thread(self.step_threads.single_thread(rows.numel())):
+            self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)

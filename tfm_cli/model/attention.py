@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfm_cli.model.kernels import Linear
+
 
 @dataclass
 class KeyValueCache:
@@ -150,8 +152,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.dropout = dropout
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.qkv_proj = Linear(d_model, 3 * d_model)
+        self.out_proj = Linear(d_model, d_model)
         init_fused_projection(self.qkv_proj, 3)
         init_fused_projection(self.out_proj, 1)
 
@@ -190,9 +192,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.kv_proj = Linear(d_model, 2 * d_model)
+        self.out_proj = Linear(d_model, d_model)
         init_fused_projection(self.q_proj, 1)
         init_fused_projection(self.kv_proj, 2)
         init_fused_projection(self.out_proj, 1)

@@ -1,15 +1,15 @@
-"""The output projection's product in CPU inference: oneDNN with its weight packed once, not MKL.
+"""The linear layers' product in CPU inference: oneDNN with each weight packed once, not MKL.
 
-Each decoding step multiplies a few dozen to a few hundred rows by the d_model x vocabulary output
-weight. oneDNN (shipped inside torch; CTranslate2 uses it on AMD CPUs) can pack that weight once
-into its blocked layout; torch's default F.linear (MKL's sgemm) re-packs it on every call. On the
-benchmark machine the 256 x 8000 projection ran 1.4-3x faster per call than F.linear at 30-160
-rows. A row's result from the packed product does not depend on how many rows share the call
-(tests/test_kernels.py), which the batch-invariant searches need (decoding.py).
+Every linear layer of the model is a `Linear`. At inference each decoding step multiplies a few
+dozen to a few hundred rows by every weight; oneDNN (shipped inside torch; CTranslate2 uses it on
+AMD CPUs) can pack a weight once into its blocked layout, while torch's default F.linear (MKL's
+sgemm) re-packs it on every call. On a 2-core AVX-512 VM the packed products ran 1.9-3x faster per
+call at 16-160 rows, and whole beam searches of the Multi30k model 1.2-1.35x faster than with
+F.linear; capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) 1.06x. The cost is
+memory: oneDNN keeps resources per distinct row count (bench/RESULTS.md). A row's result from the
+packed product does not depend on how many rows share the call (tests/test_kernels.py), which the
+batch-invariant searches need (decoding.py).
 
-Only the output projection uses it: packing every linear layer measured no clear speed-up in
-whole beam searches (1.00-1.05x, within the machine's noise) and raised the peak memory of
-`tfm translate -b 5` from 861 to 1,044 MiB (oneDNN keeps resources per distinct row count).
 Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN use F.linear.
 """
 

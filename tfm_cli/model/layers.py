@@ -16,6 +16,7 @@ from tfm_cli.model.attention import (
     SelfAttentionCache,
 )
 from tfm_cli.model.dropout import Dropout
+from tfm_cli.model.kernels import Linear
 
 
 def sinusoidal_table(max_positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
@@ -58,8 +59,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str, activation_dropout: float) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = Linear(d_model, d_ff)
+        self.linear2 = Linear(d_ff, d_model)
         self.activation = ACTIVATION_FUNCTIONS[activation]
         self.activation_dropout = Dropout(activation_dropout)
         for linear in (self.linear1, self.linear2):

@@ -184,8 +184,9 @@ def convert_linear_layers(model: nn.Module, dtype: str) -> None:
     float32 packs tfm's Linear layers for oneDNN (kernels.pack_weights). bf16 and int8 replace each
     nn.Linear by a BFloat16Linear or Int8Linear made from its weights; a weight shared with an
     embedding (a tied output projection) stays float32 in the embedding. Returns nothing; the
-    model is changed in place and must not be trained afterwards.
+    model is changed in place (its `inference_dtype` says to what) and must not be trained afterwards.
     """
+    model.inference_dtype = dtype
     if dtype == "float32":
         pack_weights(model)
         return

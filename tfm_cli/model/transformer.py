@@ -106,6 +106,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.inference_dtype = "float32"  # what precision.convert_linear_layers made the linear layers
         d_model = config.d_model
         self.src_embed = nn.Embedding(config.src_vocab_size, d_model, padding_idx=config.pad_id)
         if config.share_embeddings:
