@@ -7,7 +7,7 @@ import torch
 
 from conftest import tiny_config
 from tfm_cli.errors import TfmError
-from tfm_cli.model import Transformer
+from tfm_cli.model import Transformer, parameter_shapes
 
 
 def batch(seed: int = 0):
@@ -94,3 +94,19 @@ def test_gelu_dropout_and_training_mode_run_and_backpropagate():
     logits.logsumexp(-1).mean().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"share_embeddings": True},
+        {"tie_output": False},
+        {"norm_first": True, "output_bias": True, "tie_output": False},
+        {"n_enc_layers": 3, "n_dec_layers": 1, "tgt_vocab_size": 52, "d_ff": 48},
+    ],
+)
+def test_parameter_shapes_are_those_of_a_built_model(options):
+    config = tiny_config(**options)
+    built = {name: tuple(param.shape) for name, param in Transformer(config).named_parameters()}
+    assert parameter_shapes(config) == built

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save
 
 from tfm_cli.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
-from tfm_cli.model import Transformer
+from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.precision import convert_linear_layers
 from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
@@ -86,10 +86,8 @@ def model_weights(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The parameter names and shapes a model of `config` has (built on the meta device: no memory)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+    """The parameter names and shapes a model of `config` has (model.parameter_shapes: nothing is built)."""
+    return parameter_shapes(config)
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:

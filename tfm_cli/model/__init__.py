@@ -13,6 +13,7 @@ from tfm_cli.model.transformer import (
     StepOutput,
     Transformer,
     count_parameters,
+    parameter_shapes,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "StepOutput",
     "Transformer",
     "count_parameters",
+    "parameter_shapes",
 ]

@@ -227,6 +227,53 @@ class Transformer(nn.Module):
         return StepOutput(logits=self.project(x[:, 0]))
 
 
+def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every parameter of a Transformer of `config`, as named_parameters() lists
+    them (a tied weight once, under its first name), computed without building the model.
+
+    Checking a checkpoint needs only this; building even an empty model (on torch's meta device)
+    would import half of torch's compiler stack (~1 s, ~75 MiB). tests/test_model.py compares it
+    with real models of every shape option.
+    """
+    d_model, d_ff = config.d_model, config.d_ff
+    shapes: dict[str, tuple[int, ...]] = {"src_embed.weight": (config.src_vocab_size, d_model)}
+    if not config.share_embeddings:
+        shapes["tgt_embed.weight"] = (config.tgt_vocab_size, d_model)
+
+    def add_linear(name: str, out_features: int, in_features: int) -> None:
+        shapes[f"{name}.weight"] = (out_features, in_features)
+        shapes[f"{name}.bias"] = (out_features,)
+
+    def add_norm(name: str) -> None:
+        shapes[f"{name}.weight"] = shapes[f"{name}.bias"] = (d_model,)
+
+    def add_self_attention_and_ffn(prefix: str, with_cross_attention: bool) -> None:
+        add_linear(f"{prefix}.self_attn.qkv_proj", 3 * d_model, d_model)
+        add_linear(f"{prefix}.self_attn.out_proj", d_model, d_model)
+        add_norm(f"{prefix}.self_attn_sublayer.norm")
+        if with_cross_attention:
+            add_linear(f"{prefix}.cross_attn.q_proj", d_model, d_model)
+            add_linear(f"{prefix}.cross_attn.kv_proj", 2 * d_model, d_model)
+            add_linear(f"{prefix}.cross_attn.out_proj", d_model, d_model)
+            add_norm(f"{prefix}.cross_attn_sublayer.norm")
+        add_linear(f"{prefix}.ffn.linear1", d_ff, d_model)
+        add_linear(f"{prefix}.ffn.linear2", d_model, d_ff)
+        add_norm(f"{prefix}.ffn_sublayer.norm")
+
+    for index in range(config.n_enc_layers):
+        add_self_attention_and_ffn(f"encoder_layers.{index}", with_cross_attention=False)
+    for index in range(config.n_dec_layers):
+        add_self_attention_and_ffn(f"decoder_layers.{index}", with_cross_attention=True)
+    if config.norm_first:
+        add_norm("encoder_norm")
+        add_norm("decoder_norm")
+    if not (config.share_embeddings or config.tie_output):
+        shapes["output_proj.weight"] = (config.tgt_vocab_size, d_model)
+    if config.output_bias:
+        shapes["output_proj.bias"] = (config.tgt_vocab_size,)
+    return shapes
+
+
 def zero_gradient_row(grad: torch.Tensor, row: int) -> torch.Tensor:
     """grad: (V, D) -> the same gradient with row `row` set to zero (a parameter hook)."""
     return grad.index_fill(0, torch.tensor([row], device=grad.device), 0.0)
