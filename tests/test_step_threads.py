@@ -8,6 +8,7 @@ import torch
 from conftest import run_cli, tiny_config
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
+from tfm_cli.model.precision import cpu_support
 from tfm_cli.search import beam_search
 from tfm_cli.step_threads import PASSIVE_SINGLE_THREAD_WORK, StepThreads, one_thread, threads_sleep
 from translate_support import held_out_sources, trained_checkpoint
@@ -67,6 +68,8 @@ def test_passive_steps_really_run_on_one_thread(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ("float32", "bf16", "int8"))
 def test_translations_are_the_same_bits_on_one_thread(monkeypatch, dtype):
+    if dtype == "int8" and not cpu_support().fast_int8:
+        pytest.skip("int8 is refused on a CPU without AVX512-VNNI (tests/test_precision.py checks the refusal)")
     lines = "\n".join(held_out_sources()[:40]) + "\n"
     command = ["translate", "-m", trained_checkpoint(), "-q", "--threads", "2", "--dtype", dtype, "--scores", "-b", "4"]
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")

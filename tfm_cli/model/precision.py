@@ -10,12 +10,14 @@ products and softmax, and the searches stay float32.
   done in software and bf16 is slower than float32.
 - int8: each weight row (output feature) is quantised once with its own scale max|w| / 127; each
   input row is quantised at each call with its own scale (dynamic, per token); the product runs in
-  int32 by `torch._int_mm`, oneDNN's int8 GEMM (VNNI or AMX dot products where the CPU has them,
-  AVX2's byte multiply-adds where it does not), and is rescaled to float32. `torch._int_mm` is an
-  ATen operator, not part of the deprecated `torch.ao.quantization`: it is the int8 GEMM that
-  torchao's dynamic quantisation and Inductor call. The int32 product is exact and every other step
-  works row by row, so a row's result never depends on the other rows of its batch: int8 decoding
-  is batch invariant, as float32's is.
+  int32 by `torch._int_mm` and is rescaled to float32. `torch._int_mm` is an ATen operator, not part
+  of the deprecated `torch.ao.quantization`: it is the int8 GEMM that torchao's dynamic quantisation
+  and Inductor call. On the CPU torch runs it through oneDNN's int8 GEMM only where the CPU has
+  AVX512-VNNI (vpdpbusd; AMX CPUs all have it, and oneDNN uses their tile units): without VNNI,
+  oneDNN's byte multiply-adds saturate in 16 bits, so torch falls back to plain loops (pytorch
+  PR #136942), measured 25-40x slower than float32. tfm therefore refuses int8 on such CPUs. The
+  int32 product is exact and every other step works row by row, so a row's result never depends on
+  the other rows of its batch: int8 decoding is batch invariant, as float32's is.
 """
 
 from __future__ import annotations
@@ -40,13 +42,7 @@ class CpuSupport:
     """What this CPU does natively for the reduced precisions (from torch's cpuinfo)."""
 
     native_bf16: bool  # bfloat16 dot products: AVX512-BF16 or AMX-BF16
-    int8_dot_products: bool  # int8 dot products: AVX512-VNNI, AVX-VNNI or AMX-INT8
-
-    def describe(self) -> str:
-        """A phrase for messages, e.g. 'native bf16, int8 dot products'."""
-        parts = ["native bf16" if self.native_bf16 else "no native bf16"]
-        parts.append("int8 dot products" if self.int8_dot_products else "no int8 dot products")
-        return ", ".join(parts)
+    fast_int8: bool  # AVX512-VNNI, the condition for torch._int_mm to use oneDNN instead of plain loops
 
 
 def cpu_support(capabilities: Mapping[str, object] | None = None) -> CpuSupport:
@@ -59,7 +55,7 @@ def cpu_support(capabilities: Mapping[str, object] | None = None) -> CpuSupport:
     has = {name for name, value in capabilities.items() if value is True}
     return CpuSupport(
         native_bf16=bool(has & {"avx512_bf16", "amx_bf16"}),
-        int8_dot_products=bool(has & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+        fast_int8="avx512_vnni" in has,
     )
 
 
@@ -108,6 +104,11 @@ def choose_dtype(requested: str, device: torch.device, support: CpuSupport | Non
             "bf16",
             "--dtype bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it runs, but slower than "
             "float32 (--dtype auto never picks bf16 here)",
+        )
+    if requested == "int8" and not support.fast_int8:
+        raise TfmError(
+            "--dtype int8: this CPU lacks AVX512-VNNI, without which torch multiplies int8 matrices in plain "
+            "loops (25-40x slower than float32); use --dtype float32"
         )
     if requested == "int8" and not int8_matmul_available():
         raise TfmError(
