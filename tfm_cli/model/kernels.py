@@ -5,10 +5,12 @@ dozen to a few hundred rows by every weight; oneDNN (shipped inside torch; CTran
 AMD CPUs) can pack a weight once into its blocked layout, while torch's default F.linear (MKL's
 sgemm) re-packs it on every call. On a 2-core AVX-512 VM the packed products ran 1.9-3x faster per
 call at 16-160 rows, and whole beam searches of the Multi30k model 1.2-1.35x faster than with
-F.linear; capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) 1.06x. The cost is
-memory: oneDNN keeps resources per distinct row count (bench/RESULTS.md). A row's result from the
-packed product does not depend on how many rows share the call (tests/test_kernels.py), which the
-batch-invariant searches need (decoding.py).
+F.linear; capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) 1.06x. oneDNN
+keeps resources for every distinct row count it has multiplied, and a beam search meets hundreds;
+so the rows are padded with zeros to a multiple of ROW_BUCKET, which cut the peak memory of
+`tfm translate -b 5` on Multi30k by ~170-240 MiB at the same speed. A row's result from the packed
+product does not depend on how many rows share the call (tests/test_kernels.py), which both the
+padding and the batch-invariant searches (decoding.py) rely on.
 
 Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN use F.linear.
 """
@@ -22,6 +24,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+ROW_BUCKET = 32
 
 
 @functools.cache
@@ -74,7 +78,22 @@ class Linear(nn.Linear):
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return packed_linear(x, self.packed_weight, self.bias)
+
+
+def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x: (..., in_features) -> (..., out_features) by oneDNN with a weight from _reorder_linear_weight.
+
+    The rows are padded with zeros to a multiple of ROW_BUCKET for the call (see the module
+    docstring); the padding rows are dropped from the result. x and the weight share a dtype.
+    """
+    rows = x.reshape(-1, x.size(-1))
+    count = rows.size(0)
+    missing = -count % ROW_BUCKET
+    if missing:
+        rows = torch.cat([rows, rows.new_zeros(missing, rows.size(1))])
+    output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, "none", [], "")
+    return output[:count].view(*x.shape[:-1], output.size(-1))
 
 
 def pack_weights(model: nn.Module) -> None:

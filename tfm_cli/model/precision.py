@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.errors import TfmError
-from tfm_cli.model.kernels import onednn_linear_available, pack_weights
+from tfm_cli.model.kernels import onednn_linear_available, pack_weights, packed_linear
 
 INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
 INT8_MAX = 127
@@ -137,7 +137,7 @@ class BFloat16Linear(nn.Module):
         """x: (..., in_features) float32 -> (..., out_features) float32."""
         x = x.to(torch.bfloat16)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "").float()
+            return packed_linear(x, self.weight, self.bias).float()
         return F.linear(x, self.weight, self.bias).float()
 
 
