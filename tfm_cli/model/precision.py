@@ -113,7 +113,7 @@ def choose_dtype(requested: str, device: torch.device, support: CpuSupport | Non
     if requested == "int8" and not int8_matmul_available():
         raise TfmError(
             f"--dtype int8: this torch build ({torch.__version__}) has no CPU int8 matrix product "
-            "(torch._int_mm); use --dtype float32, or torch >= 2.4"
+            "(torch._int_mm); use --dtype float32, or a newer torch"
         )
     return DtypeChoice(requested)
 
