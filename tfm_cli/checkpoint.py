@@ -85,11 +85,6 @@ def model_weights(model: Transformer) -> dict[str, torch.Tensor]:
     return {name: param.detach().cpu().contiguous() for name, param in model.named_parameters()}
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The parameter names and shapes a model of `config` has (model.parameter_shapes: nothing is built)."""
-    return parameter_shapes(config)
-
-
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """Serialise `checkpoint` to safetensors bytes (see the module docstring for the layout)."""
     tensors = dict(checkpoint.weights)
@@ -335,7 +330,7 @@ def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig
 
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
     """Raise TfmError naming the first missing, unexpected, mis-shaped or non-float tensor."""
-    expected = expected_shapes(config)
+    expected = parameter_shapes(config)  # from the config alone: no model is built
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise TfmError(f"{path}: checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing in all)")
