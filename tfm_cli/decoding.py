@@ -20,7 +20,8 @@ import torch
 
 from tfm_cli.config import ModelConfig
 from tfm_cli.model import DecoderState, Transformer
-from tfm_cli.step_threads import StepThreads, one_thread
+from tfm_cli.model.precision import linear_layers
+from tfm_cli.step_threads import StepMode, StepThreads, one_thread, step_mode
 
 MIN_STEP_ROWS = 16
 # A source is always padded to the next multiple of this many tokens, alone or in a batch.
@@ -48,7 +49,10 @@ class StepDecoder(Protocol):
         """Begin decoding with `rows_per_sentence` rows per sentence (grouped: they stay together)."""
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (R,) int64, each row's previous output (BOS first) -> (R, V) float32 log-probs."""
+        """tokens: (R,) int64, each row's previous output (BOS first) -> (R, V) float32 log-probs.
+
+        The result is a new tensor, which the search may change in place.
+        """
 
     def select(self, rows: torch.Tensor, group_width: int = 1) -> None:
         """Keep rows `rows` (R',) int64, in that order, in groups of `group_width` rows of one sentence."""
@@ -110,6 +114,7 @@ class TransformerDecoder:
         self.state: DecoderState | None = None
         self.rows = 0  # real rows; the state may hold more (padding copies)
         self.step_threads = StepThreads.for_model(config, model.inference_dtype)
+        self.linear_layers = linear_layers(model)
 
     def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
         """Per sentence, a * src_len + b output tokens (EOS excluded, src_len counting the source EOS).
@@ -139,7 +144,7 @@ class TransformerDecoder:
         tokens = tokens.to(self.src.device)
         if self.batch_invariant:
             tokens = padded_rows(tokens, self.state.group_width)
-        with one_thread(self.step_threads.single_thread(tokens.numel())):
+        with step_mode(self.step_threads.mode(tokens.numel()), self.linear_layers):
             output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
         return torch.log_softmax(output.logits[: self.rows].float(), dim=-1)
 
@@ -147,5 +152,5 @@ class TransformerDecoder:
         """Keep `rows` (R',) int64 of the state, in order; groups of `group_width` rows share a sentence."""
         self.rows = rows.numel()
         rows = rows.to(self.src.device)
-        with one_thread(self.step_threads.single_thread(rows.numel())):
+        with one_thread(self.step_threads.mode(rows.numel()) is not StepMode.ALL_THREADS):
             self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)

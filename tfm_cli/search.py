@@ -120,7 +120,7 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
     """
     eos = decoder.eos_id
     beam, alpha = config.beam_size, config.length_penalty
-    banned = banned_tokens(decoder, config.no_unk, config.banned_ids)
+    banned_ids = banned_tokens(decoder, config.no_unk, config.banned_ids).nonzero().view(-1)  # (n_banned,)
     n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
@@ -138,9 +138,9 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
     step = 0
     while alive:
         n_alive = len(alive)
-        log_probs = decoder.step(tokens)  # (R, V)
+        log_probs = decoder.step(tokens)  # (R, V), a new tensor
         device = log_probs.device
-        log_probs = log_probs.masked_fill(banned.to(device), float("-inf"))
+        log_probs.index_fill_(1, banned_ids.to(device), float("-inf"))
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
         if any(at_limit):

@@ -1,37 +1,44 @@
-"""How many CPU threads one decoding step gets: all of torch's, or one where waking the others costs more.
+"""How many CPU threads one decoding step gets: all of torch's, one, or all for its matrix products only.
 
 With OMP_WAIT_POLICY=PASSIVE, OpenMP's threads sleep as soon as a parallel region ends, and every
 region wakes them again: 30-100 us per region on a 2-core VM, against ~5 us with spinning (ACTIVE or
 unset) threads. A decoding step runs dozens of regions (every matrix product, and every element-wise
 operation over more than 32,768 values), most of them only tens of microseconds of work. So under
-PASSIVE a step whose work is small runs on one thread; the encoder, the searches' operations over
-the whole vocabulary and larger steps keep every thread. The work measure is rows x d_model x d_ff
-(the feed-forward product's multiply-adds) weighted by how fast the precision multiplies, and
-doubled where torch's kernels are narrower than AVX-512 (an AVX2 CPU multiplies half as much per
-instruction, so the same step is twice the work).
+PASSIVE a step picks one of three modes by its work, rows x d_model x d_ff (the feed-forward
+product's multiply-adds) weighted by how fast the precision multiplies and doubled where torch's
+kernels are narrower than AVX-512 (an AVX2 CPU multiplies half as much per instruction):
+- below ONE_THREAD_WORK, everything on one thread;
+- below PRODUCTS_ONLY_WORK, the linear layers' matrix products on all threads and everything else
+  (attention, LayerNorm, softmax, the cache copies) on one: the products are worth a wake-up, the
+  element-wise operations of such a step are not;
+- above it, everything on all threads.
+The encoder and the searches' operations over the whole vocabulary keep every thread. ACTIVE and
+unset policies always use every thread.
 
-Measured on the 2-core VM (bench/RESULTS.md), beam 5, 160 rows, PASSIVE: one thread per step made
-the Multi30k model (d_model 256, d_ff 1024) 1.3x faster in float32 and 1.9x in int8, and a d_model
-512 / d_ff 2048 model 1.35x faster in int8 (work 42M); two threads stayed faster for that model in
-bf16 (84M) and float32 (63M with 60 rows, 168M with 160). Hence the limit of 50M. With every
-kernel capped at AVX2, the Multi30k model in float32 (84M) was 1.12x faster on two threads.
+Measured on a 2-core AVX-512 VM (beam 5, the Multi30k model: d_model 256, d_ff 1024, float32, one
+process alternating the modes): at 160 rows, products on two threads and the rest on one was 1.05x
+faster than one thread for everything (work 42M) and, with kernels capped at AVX2 (84M), 1.10x
+faster than two threads for everything; at 320 rows 1.01-1.02x; at 640 rows (168M / 336M) two
+threads for everything was as fast or 1.04x faster. Greedy steps of 32 rows (8M) gained nothing.
 
-A step's results were the same bits on one thread as on two, in every precision, for the Multi30k
-model; tests/test_step_threads.py checks that whole translations are.
+A step's results are the same bits on one thread as on two, in every precision
+(tests/test_step_threads.py checks that whole translations are).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tfm_cli.config import ModelConfig
 
-PASSIVE_SINGLE_THREAD_WORK = 50_000_000
+ONE_THREAD_WORK = 15_000_000
+PRODUCTS_ONLY_WORK = 150_000_000
 # Time per multiply-add relative to float32 (int8 dot products do 4 per lane, bf16 2).
 RELATIVE_COST = {"float32": 1.0, "bf16": 0.5, "int8": 0.25}
 
@@ -51,9 +58,17 @@ def threads_sleep(environ: Mapping[str, str] | None = None) -> bool:
     return environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
 
 
+class StepMode(enum.Enum):
+    """Which of a decoding step's operations run on all of torch's threads."""
+
+    ALL_THREADS = "every operation on all threads"
+    PRODUCTS_ONLY = "the linear layers' products on all threads, everything else on one"
+    ONE_THREAD = "every operation on one thread"
+
+
 @dataclass(frozen=True)
 class StepThreads:
-    """The decision for one model: which steps run on a single thread."""
+    """The decision for one model: which mode each decoding step runs in."""
 
     threads_sleep: bool
     work_per_row: float  # d_model x d_ff x the precision's relative cost x kernel_width_factor
@@ -67,9 +82,12 @@ class StepThreads:
         cost = RELATIVE_COST.get(dtype, 1.0) * kernel_width_factor(capability)
         return cls(threads_sleep(environ), config.d_model * config.d_ff * cost)
 
-    def single_thread(self, rows: int) -> bool:
-        """Whether a step over `rows` decoder rows should run on one thread."""
-        return self.threads_sleep and rows * self.work_per_row < PASSIVE_SINGLE_THREAD_WORK
+    def mode(self, rows: int) -> StepMode:
+        """The mode of a step over `rows` decoder rows (ALL_THREADS unless threads sleep)."""
+        work = rows * self.work_per_row
+        if not self.threads_sleep or work >= PRODUCTS_ONLY_WORK:
+            return StepMode.ALL_THREADS
+        return StepMode.ONE_THREAD if work < ONE_THREAD_WORK else StepMode.PRODUCTS_ONLY
 
 
 @contextlib.contextmanager
@@ -82,5 +100,38 @@ def one_thread(enabled: bool = True) -> Iterator[None]:
     torch.set_num_threads(1)
     try:
         yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def step_mode(mode: StepMode, linear_layers: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Within the block torch runs in `mode`: for PRODUCTS_ONLY, on one thread except for the
+    products of `linear_layers` (modules with a `product_threads` attribute, see kernels.Linear),
+    which get the thread count torch had before the block. Everything comes back after it."""
+    previous = torch.get_num_threads()
+    if mode is StepMode.ALL_THREADS or previous == 1:
+        yield
+        return
+    products = previous if mode is StepMode.PRODUCTS_ONLY else None
+    for layer in linear_layers:
+        layer.product_threads = products
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+        for layer in linear_layers:
+            layer.product_threads = None
+
+
+def on_threads(count: int | None, function: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+    """function(*args), run on `count` torch threads when a count is given (the previous count comes back)."""
+    if count is None:
+        return function(*args)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        return function(*args)
     finally:
         torch.set_num_threads(previous)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfm_cli.step_threads import on_threads
+
 ROW_BUCKET = 32
 
 
@@ -58,11 +60,14 @@ class Linear(nn.Linear):
     cached implicitly: an optimizer can change a weight in place without telling anyone (fused AdamW
     leaves the tensor's version counter alone), so a cache keyed on the weight's identity goes stale.
     Without a packed copy, and whenever autograd records, the layer is plain F.linear.
+    `product_threads`, when set (by step_threads.step_mode, for one decoding step), is the number of
+    torch threads the product runs on.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.packed_weight: torch.Tensor | None = None
+        self.product_threads: int | None = None
 
     def pack(self) -> None:
         """Make the packed copy of the current weight (only for CPU float32 weights with oneDNN)."""
@@ -77,22 +82,35 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
-        return packed_linear(x, self.packed_weight, self.bias)
+            return on_threads(self.product_threads, F.linear, x, self.weight, self.bias)
+        return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias)
+
+    def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in_features) -> (..., out_features), max(0, x @ weight.T + bias).
+
+        On the packed path oneDNN applies the ReLU to the product before writing it (one pass over
+        the output instead of two); the result is the same bits as F.relu after forward.
+        """
+        if self.packed_weight is None or not uses_packed_path(x, self.weight):
+            return F.relu(on_threads(self.product_threads, F.linear, x, self.weight, self.bias))
+        return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias, "relu")
 
 
-def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear(
+    x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"
+) -> torch.Tensor:
     """x: (..., in_features) -> (..., out_features) by oneDNN with a weight from _reorder_linear_weight.
 
-    The rows are padded with zeros to a multiple of ROW_BUCKET for the call (see the module
-    docstring); the padding rows are dropped from the result. x and the weight share a dtype.
+    activation: "none", or "relu" applied by oneDNN to the result before it is written. The rows are
+    padded with zeros to a multiple of ROW_BUCKET for the call (see the module docstring); the
+    padding rows are dropped from the result. x and the weight share a dtype.
     """
     rows = x.reshape(-1, x.size(-1))
     count = rows.size(0)
     missing = -count % ROW_BUCKET
     if missing:
         rows = torch.cat([rows, rows.new_zeros(missing, rows.size(1))])
-    output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, "none", [], "")
+    output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, activation, [], "")
     return output[:count].view(*x.shape[:-1], output.size(-1))
 
 

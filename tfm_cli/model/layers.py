@@ -69,7 +69,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, T, D) -> (B, T, D)."""
-        return self.linear2(self.activation_dropout(self.activation(self.linear1(x))))
+        if self.activation is F.relu and isinstance(self.linear1, Linear):
+            hidden = self.linear1.forward_relu(x)  # fused where the weight is packed (kernels.py)
+        else:  # GELU or swish, or a linear layer converted to bf16/int8 (precision.py)
+            hidden = self.activation(self.linear1(x))
+        return self.linear2(self.activation_dropout(hidden))
 
 
 class Sublayer(nn.Module):

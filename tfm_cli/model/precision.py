@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.errors import TfmError
-from tfm_cli.model.kernels import onednn_linear_available, pack_weights, packed_linear
+from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_linear
+from tfm_cli.step_threads import on_threads
 
 INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
 INT8_MAX = 127
@@ -132,13 +133,13 @@ class BFloat16Linear(nn.Module):
         packable = weight.device.type == "cpu" and onednn_linear_available()
         self.packed = packable and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+        self.product_threads: int | None = None  # see kernels.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
         x = x.to(torch.bfloat16)
-        if self.packed:
-            return packed_linear(x, self.weight, self.bias).float()
-        return F.linear(x, self.weight, self.bias).float()
+        product = packed_linear if self.packed else F.linear
+        return on_threads(self.product_threads, product, x, self.weight, self.bias).float()
 
 
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,18 +166,24 @@ class Int8Linear(nn.Module):
         self.weight_t = values.t().contiguous()  # (K, N): the layout torch._int_mm is fastest with
         self.weight_scales = scales.view(-1)  # (N,)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.product_threads: int | None = None  # see kernels.Linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
         rows = x.reshape(-1, x.size(-1))  # (R, K)
         values, row_scales = quantize_rows(rows)
-        products = torch._int_mm(values, self.weight_t)  # (R, N) int32, exact
+        products = on_threads(self.product_threads, torch._int_mm, values, self.weight_t)  # (R, N) int32, exact
         scaled = products * row_scales  # (R, N) float32
         if self.bias is None:
             output = scaled.mul_(self.weight_scales)
         else:
             output = torch.addcmul(self.bias, scaled, self.weight_scales)
         return output.view(*x.shape[:-1], -1)
+
+
+def linear_layers(model: nn.Module) -> list[nn.Module]:
+    """Every linear layer of `model` in any precision (kernels.Linear, BFloat16Linear, Int8Linear), in module order."""
+    return [module for module in model.modules() if isinstance(module, (Linear, BFloat16Linear, Int8Linear))]
 
 
 def convert_linear_layers(model: nn.Module, dtype: str) -> None:
