@@ -34,10 +34,9 @@ output with sacrebleu (default settings), which is how the int8 rows' quality lo
 
 With --isa avx2, every engine is capped at AVX2 (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS,
 ATEN_CPU_CAPABILITY, CT2_FORCE_CPU_ISA): how an AVX-512 machine's kernels compare to the ones an
-AVX2-only CPU runs (the same cores, so not a measurement of another CPU model). tfm-int8 is left
-out there: on a CPU without AVX512-VNNI torch does not call oneDNN for int8 products (it runs plain
-loops, and `tfm translate --dtype int8` refuses to), while capping oneDNN at AVX2 on this CPU would
-run oneDNN's AVX2 int8 kernels, whose 16-bit sums saturate.
+AVX2-only CPU runs (the same cores, so not a measurement of another CPU model). With
+ATEN_CPU_CAPABILITY=avx2, tfm-int8 runs the int8 layers of CPUs without AVX512-VNNI
+(Int8LinearWithoutVnni: oneDNN's u8 x s8 product with 7-bit weights), as an AVX2-only CPU would.
 
 Usage: python bench/translate_vs_peers.py [--model CKPT] [--runs 3] [--policies PASSIVE,ACTIVE] [--reference REF] [--isa avx2]
 Without --model, a random Multi30k-size model that never emits EOS is made (bench/bench_model.py).
@@ -322,9 +321,6 @@ def main() -> None:
         checkpoint = make_bench_checkpoint(args.workdir / "random.safetensors")
     batches_file = prepare(checkpoint, args.workdir, args.source, args.batch_size, args.limit)
     engines = args.engines.split(",")
-    if args.isa == "avx2" and "tfm-int8" in engines:
-        engines.remove("tfm-int8")
-        print("# tfm-int8 dropped: tfm refuses int8 on CPUs without AVX512-VNNI (see the docstring)")
     if "ct2-bf16" in engines and not ct2_has_cpu_bfloat16():
         engines.remove("ct2-bf16")
         print("# ct2-bf16 dropped: CTranslate2 offers no bfloat16 compute type on this CPU")

@@ -11,7 +11,7 @@ from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.decoding import TransformerDecoder, source_batch
 from tfm_cli.model import kernels
-from tfm_cli.model.precision import cpu_support, linear_layers
+from tfm_cli.model.precision import cpu_support, int8_layer_class, linear_layers
 from tfm_cli.search import search_beams
 from tfm_cli.step_threads import (
     ONE_THREAD_WORK,
@@ -122,8 +122,8 @@ def test_one_thread_gives_the_count_back():
 
 @pytest.mark.parametrize("dtype", ("float32", "bf16", "int8"))
 def test_every_mode_gives_the_same_bits(dtype):
-    if dtype == "int8" and not cpu_support().fast_int8:
-        pytest.skip("int8 is refused on a CPU without AVX512-VNNI (tests/test_precision.py checks the refusal)")
+    if dtype == "int8" and int8_layer_class(cpu_support()) is None:
+        pytest.skip("this torch build has no int8 kernel (tests/test_precision.py checks the refusal)")
     loaded = load_model(trained_checkpoint(), dtype=dtype)
     src = source_batch([loaded.src_tokenizer.encode_ids(line) for line in held_out_sources()[:12]], loaded.config)
     previous = torch.get_num_threads()
@@ -143,8 +143,8 @@ def test_every_mode_gives_the_same_bits(dtype):
 
 @pytest.mark.parametrize("dtype", ("float32", "bf16", "int8"))
 def test_translations_are_the_same_bits_on_one_thread(monkeypatch, dtype):
-    if dtype == "int8" and not cpu_support().fast_int8:
-        pytest.skip("int8 is refused on a CPU without AVX512-VNNI (tests/test_precision.py checks the refusal)")
+    if dtype == "int8" and int8_layer_class(cpu_support()) is None:
+        pytest.skip("this torch build has no int8 kernel (tests/test_precision.py checks the refusal)")
     lines = "\n".join(held_out_sources()[:40]) + "\n"
     command = ["translate", "-m", trained_checkpoint(), "-q", "--threads", "2", "--dtype", dtype, "--scores", "-b", "4"]
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")

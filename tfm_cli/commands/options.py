@@ -20,7 +20,7 @@ def dtype_option(scope: str = "") -> Any:
     return typer.Option(
         "float32", "--dtype",
         help=f"{scope}Precision of the linear layers: float32 (the reference), bf16, int8 (weights and activations "
-        "quantised; CPUs with AVX512-VNNI), or auto (bf16 on a CPU with native bfloat16, else float32).",
+        "quantised; CPU only), or auto (bf16 on a CPU with native bfloat16, else float32).",
     )
 
 

@@ -8,16 +8,23 @@ products and softmax, and the searches stay float32.
   bfloat16, oneDNN accumulates the products in float32, and the result comes back as float32. Fast
   where the CPU multiplies bfloat16 natively (AVX512-BF16, AMX-BF16); elsewhere the conversions are
   done in software and bf16 is slower than float32.
-- int8: each weight row (output feature) is quantised once with its own scale max|w| / 127; each
-  input row is quantised at each call with its own scale (dynamic, per token); the product runs in
-  int32 by `torch._int_mm` and is rescaled to float32. `torch._int_mm` is an ATen operator, not part
-  of the deprecated `torch.ao.quantization`: it is the int8 GEMM that torchao's dynamic quantisation
-  and Inductor call. On the CPU torch runs it through oneDNN's int8 GEMM only where the CPU has
-  AVX512-VNNI (vpdpbusd; AMX CPUs all have it, and oneDNN uses their tile units): without VNNI,
-  oneDNN's byte multiply-adds saturate in 16 bits, so torch falls back to plain loops (pytorch
-  PR #136942), measured 25-40x slower than float32. tfm therefore refuses int8 on such CPUs. The
-  int32 product is exact and every other step works row by row, so a row's result never depends on
-  the other rows of its batch: int8 decoding is batch invariant, as float32's is.
+- int8: each weight row (output feature) is quantised once with its own scale; each input row is
+  quantised at each call with its own scale max|row| / 127 (dynamic, per token); the product runs in
+  exact int32 arithmetic and is rescaled to float32. Two kernels, by what the CPU has:
+  - with AVX512-VNNI (and torch's AVX-512 kernels), `Int8Linear`: weights to +-127, product by
+    `torch._int_mm` (signed x signed), which torch runs through oneDNN's int8 GEMM only on such CPUs
+    (vpdpbusd; AMX CPUs all have it, and oneDNN uses their tile units), in plain loops elsewhere
+    (pytorch PR #136942), measured 25-40x slower than float32;
+  - everywhere else, `Int8LinearWithoutVnni`: oneDNN's u8 x s8 product
+    (`torch.ops.onednn.qlinear_pointwise`, the kernel Inductor's x86 int8 quantisation lowers to),
+    inputs shifted to unsigned bytes by +128 and weights quantised to +-63 (7 bits). Without VNNI
+    the CPU multiplies bytes with vpmaddubsw, which adds two products into a 16-bit sum;
+    255 x 63 x 2 = 32,130 fits, 255 x 127 x 2 would not, so 7-bit weights keep the sums exact.
+  Neither is part of the deprecated `torch.ao.quantization`: `torch._int_mm` is the ATen operator
+  torchao's dynamic quantisation and Inductor call, `qlinear_pointwise` the oneDNN operator of
+  Inductor's x86 quantisation backend. Because the int32 products are exact and every other step
+  works row by row, a row's result never depends on the other rows of its batch: int8 decoding is
+  batch invariant, as float32's is.
 """
 
 from __future__ import annotations
@@ -43,20 +50,24 @@ class CpuSupport:
     """What this CPU does natively for the reduced precisions (from torch's cpuinfo)."""
 
     native_bf16: bool  # bfloat16 dot products: AVX512-BF16 or AMX-BF16
-    fast_int8: bool  # AVX512-VNNI, the condition for torch._int_mm to use oneDNN instead of plain loops
+    # AVX512-VNNI with torch's AVX-512 kernels: torch._int_mm runs on oneDNN (Int8Linear); without
+    # it, int8 runs with 7-bit weights (Int8LinearWithoutVnni)
+    int8_vnni: bool
 
 
-def cpu_support(capabilities: Mapping[str, object] | None = None) -> CpuSupport:
-    """The CPU's bf16/int8 support from `capabilities` (default: torch.cpu.get_capabilities()).
-
-    Returns a CpuSupport; a torch without get_capabilities reports neither.
+def cpu_support(capabilities: Mapping[str, object] | None = None, aten_capability: str | None = None) -> CpuSupport:
+    """The CPU's bf16/int8 support from `capabilities` (default: torch.cpu.get_capabilities()) and
+    the kernels torch runs (`aten_capability`, default torch.backends.cpu.get_cpu_capability(), which
+    ATEN_CPU_CAPABILITY lowers). Returns a CpuSupport; a torch without get_capabilities reports neither.
     """
     if capabilities is None:
         capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    if aten_capability is None:
+        aten_capability = torch.backends.cpu.get_cpu_capability()
     has = {name for name, value in capabilities.items() if value is True}
     return CpuSupport(
         native_bf16=bool(has & {"avx512_bf16", "amx_bf16"}),
-        fast_int8="avx512_vnni" in has,
+        int8_vnni="avx512_vnni" in has and aten_capability.upper().startswith("AVX512"),
     )
 
 
@@ -70,6 +81,32 @@ def int8_matmul_available() -> bool:
         return bool(torch._int_mm(ones, ones)[0, 0] == 16)
     except (RuntimeError, NotImplementedError):
         return False
+
+
+@functools.cache
+def onednn_int8_available() -> bool:
+    """True when this torch build has oneDNN's u8 x s8 linear (torch.ops.onednn.qlinear_pointwise)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")):
+        return False
+    try:
+        weight = torch.ops.onednn.qlinear_prepack(torch.ones(4, 16, dtype=torch.int8), None)
+        inputs = torch.full((2, 16), 129, dtype=torch.uint8)  # all 1 after the shift by 128
+        output = torch.ops.onednn.qlinear_pointwise(
+            inputs, 1.0, 128, weight, torch.ones(4), torch.zeros(4, dtype=torch.int64), None, 1.0, 0,
+            torch.float32, "none", [], "",
+        )
+        return bool(output[0, 0] == 16)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def int8_layer_class(support: CpuSupport) -> type[nn.Module] | None:
+    """The int8 linear layer for a CPU with `support` and this torch build; None if it has neither kernel."""
+    if support.int8_vnni and int8_matmul_available():
+        return Int8Linear
+    if onednn_int8_available():
+        return Int8LinearWithoutVnni
+    return None
 
 
 @dataclass(frozen=True)
@@ -86,8 +123,8 @@ def choose_dtype(requested: str, device: torch.device, support: CpuSupport | Non
     auto: bf16 on a CPU with native bf16, float32 everywhere else (int8 is never chosen for the
     user: it is a deliberate trade of quality for speed). An explicit bf16 on a CPU without native
     bf16 runs with a warning that it is slower than float32. Raises TfmError for an unknown value,
-    for int8 on CUDA, for bf16 on a GPU without bfloat16, and for int8 with a torch build that
-    cannot multiply int8 matrices on the CPU.
+    for int8 on CUDA, for bf16 on a GPU without bfloat16, and for int8 with a torch build that has
+    neither int8 kernel (int8_layer_class).
     """
     if requested not in INFERENCE_DTYPES:
         raise TfmError(f"--dtype {requested}: choose one of {', '.join(INFERENCE_DTYPES)}")
@@ -106,15 +143,10 @@ def choose_dtype(requested: str, device: torch.device, support: CpuSupport | Non
             "--dtype bf16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it runs, but slower than "
             "float32 (--dtype auto never picks bf16 here)",
         )
-    if requested == "int8" and not support.fast_int8:
+    if requested == "int8" and int8_layer_class(support) is None:
         raise TfmError(
-            "--dtype int8: this CPU lacks AVX512-VNNI, without which torch multiplies int8 matrices in plain "
-            "loops (25-40x slower than float32); use --dtype float32"
-        )
-    if requested == "int8" and not int8_matmul_available():
-        raise TfmError(
-            f"--dtype int8: this torch build ({torch.__version__}) has no CPU int8 matrix product "
-            "(torch._int_mm); use --dtype float32, or a newer torch"
+            f"--dtype int8: this torch build ({torch.__version__}) has no fast CPU int8 matrix product (oneDNN's "
+            "qlinear, or torch._int_mm on a CPU with AVX512-VNNI); use --dtype float32, or a torch with oneDNN"
         )
     return DtypeChoice(requested)
 
@@ -142,15 +174,25 @@ class BFloat16Linear(nn.Module):
         return on_threads(self.product_threads, product, x, self.weight, self.bias).float()
 
 
-def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(matrix: torch.Tensor, largest: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantisation of each row. matrix: (R, K) float32.
 
     Returns (int8 values (R, K), float32 scales (R, 1)) with matrix ~= values * scales; a row's
-    scale is max|row| / 127, so its largest entry maps to +-127. An all-zero row gets scale 1e-12
-    (and all-zero values) instead of a division by zero.
+    scale is max|row| / largest, so its largest entry maps to +-largest. An all-zero row gets scale
+    1e-12 (and all-zero values) instead of a division by zero.
+    """
+    scales = matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(largest)  # (R, 1)
+    values = (matrix / scales).round_().to(torch.int8)
+    return values, scales
+
+
+def quantize_rows_unsigned(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows' values shifted by +128 into unsigned bytes. matrix: (R, K) float32.
+
+    Returns (uint8 values (R, K) in 1..255, float32 scales (R, 1)) with matrix ~= (values - 128) * scales.
     """
     scales = matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(INT8_MAX)  # (R, 1)
-    values = (matrix / scales).round_().to(torch.int8)
+    values = (matrix / scales).round_().add_(128).to(torch.uint8)
     return values, scales
 
 
@@ -181,24 +223,73 @@ class Int8Linear(nn.Module):
         return output.view(*x.shape[:-1], -1)
 
 
+# Weights of Int8LinearWithoutVnni: at most 63 in magnitude, so that two products of an unsigned
+# input byte and a weight always fit a 16-bit sum (255 * 63 * 2 = 32,130 <= 32,767).
+WEIGHT_MAX_WITHOUT_VNNI = 63
+
+
+class Int8LinearWithoutVnni(nn.Module):
+    """x @ W.T + b for CPUs without AVX512-VNNI: oneDNN's u8 x s8 product with 7-bit weights.
+
+    Holds W quantised per output feature to +-63 and packed by oneDNN, its scales (out_features,)
+    and a float32 bias. Each input row is quantised as Int8Linear's (max|row| / 127) and shifted by
+    +128 into unsigned bytes, which oneDNN takes with the zero point 128; its int32 sums are exact.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        values, scales = quantize_rows(linear.weight.detach().float(), WEIGHT_MAX_WITHOUT_VNNI)  # (N, K), (N, 1)
+        self.packed_weight = torch.ops.onednn.qlinear_prepack(values, None)
+        self.weight_scales = scales.view(-1)  # (N,)
+        self.weight_zero_points = torch.zeros(values.size(0), dtype=torch.int64)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.product_threads: int | None = None  # see kernels.Linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in_features) float32 -> (..., out_features) float32."""
+        rows = x.reshape(-1, x.size(-1))  # (R, K)
+        values, row_scales = quantize_rows_unsigned(rows)
+        # (values - 128) @ W_q.T, each column times its weight scale: (R, N) float32
+        scaled = on_threads(self.product_threads, self.product, values)
+        if self.bias is None:
+            output = scaled.mul_(row_scales)
+        else:
+            output = torch.addcmul(self.bias, scaled, row_scales)
+        return output.view(*x.shape[:-1], -1)
+
+    def product(self, values: torch.Tensor) -> torch.Tensor:
+        """values: (R, K) uint8 -> (R, N) float32, ((values - 128) @ W_q.T) * weight scales."""
+        return torch.ops.onednn.qlinear_pointwise(
+            values, 1.0, 128, self.packed_weight, self.weight_scales, self.weight_zero_points, None, 1.0, 0,
+            torch.float32, "none", [], "",
+        )
+
+
 def linear_layers(model: nn.Module) -> list[nn.Module]:
-    """Every linear layer of `model` in any precision (kernels.Linear, BFloat16Linear, Int8Linear), in module order."""
-    return [module for module in model.modules() if isinstance(module, (Linear, BFloat16Linear, Int8Linear))]
+    """Every linear layer of `model` in any precision (kernels.Linear, BFloat16Linear, the int8 ones), in module order."""
+    kinds = (Linear, BFloat16Linear, Int8Linear, Int8LinearWithoutVnni)
+    return [module for module in model.modules() if isinstance(module, kinds)]
 
 
-def convert_linear_layers(model: nn.Module, dtype: str) -> None:
+def convert_linear_layers(model: nn.Module, dtype: str, support: CpuSupport | None = None) -> None:
     """Run every linear layer of `model` in `dtype` ("float32", "bf16" or "int8"), for inference only.
 
     float32 packs tfm's Linear layers for oneDNN (kernels.pack_weights). bf16 and int8 replace each
-    nn.Linear by a BFloat16Linear or Int8Linear made from its weights; a weight shared with an
-    embedding (a tied output projection) stays float32 in the embedding. Returns nothing; the
-    model is changed in place (its `inference_dtype` says to what) and must not be trained afterwards.
+    nn.Linear by a BFloat16Linear, or by the int8 layer for the CPU's `support` (default
+    cpu_support(); see int8_layer_class), made from its weights; a weight shared with an embedding
+    (a tied output projection) stays float32 in the embedding. Returns nothing; the model is changed
+    in place (its `inference_dtype` says to what) and must not be trained afterwards.
     """
     model.inference_dtype = dtype
     if dtype == "float32":
         pack_weights(model)
         return
-    replacement = {"bf16": BFloat16Linear, "int8": Int8Linear}[dtype]
+    if dtype == "bf16":
+        replacement = BFloat16Linear
+    else:
+        replacement = int8_layer_class(cpu_support() if support is None else support)
+        if replacement is None:
+            raise TfmError("--dtype int8: this torch build has no fast CPU int8 matrix product; use --dtype float32")
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):  # tfm's kernels.Linear included
