@@ -32,6 +32,13 @@ REDUCED = ("bf16", "int8")
 CPU = torch.device("cpu")
 # A torch build without oneDNN (and without torch._int_mm on an AVX512-VNNI CPU) has no fast int8.
 INT8_RUNS_HERE = int8_layer_class(cpu_support()) is not None
+# torch._int_mm is exact with oneDNN's VNNI kernels and in its plain loops; not on a VNNI CPU whose
+# oneDNN or torch kernels an environment variable capped below VNNI (cpu_support then says so).
+INT_MM_EXACT_HERE = cpu_support().int8_vnni or not torch.cpu.get_capabilities().get("avx512_vnni", False)
+INT8_LAYERS = [
+    pytest.param(Int8Linear, marks=pytest.mark.skipif(not INT_MM_EXACT_HERE, reason="oneDNN capped below VNNI")),
+    Int8LinearWithoutVnni,
+]
 
 
 def refused_here(model_path, dtype: str) -> bool:
@@ -71,13 +78,16 @@ def translate_lines(model_path, lines: list[str], *options: str) -> list[str]:
 # ---- which precision a machine gets ----
 
 def test_cpu_support_reads_the_capability_flags():
-    assert cpu_support({"avx512_bf16": True, "avx512_vnni": True}, "AVX512") == CpuSupport(True, True)
-    assert cpu_support({"amx_bf16": True, "avx512_vnni": True}, "AVX512") == CpuSupport(True, True)
+    assert cpu_support({"avx512_bf16": True, "avx512_vnni": True}, "AVX512", {}) == CpuSupport(True, True)
+    assert cpu_support({"amx_bf16": True, "avx512_vnni": True}, "AVX512", {}) == CpuSupport(True, True)
     # AVX-VNNI (256-bit) is not enough: torch._int_mm uses oneDNN only with AVX512-VNNI ...
-    assert cpu_support({"avx2": True, "avx_vnni": True, "avx512_bf16": False}, "AVX2") == CpuSupport(False, False)
-    assert cpu_support({"avx2": True, "cpu_name": "x"}, "AVX2") == CpuSupport(False, False)
-    # ... and neither is a VNNI CPU whose torch kernels are capped below AVX-512 (ATEN_CPU_CAPABILITY).
-    assert cpu_support({"avx512_vnni": True}, "AVX2") == CpuSupport(False, False)
+    assert cpu_support({"avx2": True, "avx_vnni": True, "avx512_bf16": False}, "AVX2", {}) == CpuSupport(False, False)
+    assert cpu_support({"avx2": True, "cpu_name": "x"}, "AVX2", {}) == CpuSupport(False, False)
+    # ... and neither is a VNNI CPU whose torch kernels or oneDNN are capped below it.
+    assert cpu_support({"avx512_vnni": True}, "AVX2", {}) == CpuSupport(False, False)
+    assert cpu_support({"avx512_vnni": True}, "AVX512", {"ONEDNN_MAX_CPU_ISA": "AVX2"}) == CpuSupport(False, False)
+    assert cpu_support({"avx512_vnni": True}, "AVX512", {"DNNL_MAX_CPU_ISA": "avx512_core"}) == CpuSupport(False, False)
+    assert cpu_support({"avx512_vnni": True}, "AVX512", {"ONEDNN_MAX_CPU_ISA": "avx512_core_amx"}) == CpuSupport(False, True)
 
 
 def test_auto_picks_bf16_only_where_the_cpu_has_it():
@@ -125,8 +135,9 @@ def test_int8_matrix_product_is_exact_at_the_extremes():
     assert torch.equal(torch._int_mm(left, right).long(), left.long() @ right.long())
 
 
-@pytest.mark.parametrize("layer_class, weight_max", [(Int8Linear, 127), (Int8LinearWithoutVnni, WEIGHT_MAX_WITHOUT_VNNI)])
-def test_int8_linear_computes_its_quantised_product(layer_class, weight_max):
+@pytest.mark.parametrize("layer_class", INT8_LAYERS)
+def test_int8_linear_computes_its_quantised_product(layer_class):
+    weight_max = 127 if layer_class is Int8Linear else WEIGHT_MAX_WITHOUT_VNNI
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 40)
     x = torch.randn(7, 96) * 3
@@ -151,7 +162,7 @@ def test_quantize_rows_keeps_zero_rows_finite():
     assert values.tolist() == [[0, 0], [127, -64]] and bool(torch.isfinite(scales).all())
 
 
-@pytest.mark.parametrize("layer_class", [BFloat16Linear, Int8Linear, Int8LinearWithoutVnni])
+@pytest.mark.parametrize("layer_class", [BFloat16Linear, *INT8_LAYERS])
 def test_reduced_linear_layers_are_close_and_batch_invariant(layer_class):
     torch.manual_seed(1)
     linear = torch.nn.Linear(64, 200)
@@ -174,14 +185,15 @@ def test_translations_stay_close_to_float32(model_path, sources, references, tmp
     if refused_here(model_path, dtype):
         return
     # This small, briefly trained model has many near-ties between hypotheses, which rounding flips:
-    # 94.5% (bf16) and 86.5% (int8) of its 200 lines come out identical, against 94.2% and 90.9% for
-    # the Multi30k model. Closeness is therefore also judged by the float32 model itself: its score
-    # of the reduced-precision output may be only a little below its score of its own output.
+    # 94.5% (bf16), 86.5% (int8 with VNNI) and 82-83% (int8 without VNNI: 7-bit weights) of its 200
+    # lines come out identical, against 94.2%, 90.9% and 86.9% for the Multi30k model. Closeness is
+    # therefore also judged by the float32 model itself: its score of the reduced-precision output
+    # may be only a little below its score of its own output.
     reference_run = translate_lines(model_path, sources)
     reduced = translate_lines(model_path, sources, "--dtype", dtype)
     identical = sum(a == b for a, b in zip(reference_run, reduced)) / len(sources)
     assert len(set(reference_run)) > 80, "outputs too uniform for a meaningful test"
-    assert identical >= 0.8, f"{dtype}: {identical:.1%} of lines identical to float32"
+    assert identical >= 0.75, f"{dtype}: {identical:.1%} of lines identical to float32"
     bleu_float32 = sacrebleu.corpus_bleu(reference_run, [references]).score
     bleu_reduced = sacrebleu.corpus_bleu(reduced, [references]).score
     assert abs(bleu_reduced - bleu_float32) <= 1.0, (bleu_float32, bleu_reduced)
@@ -232,7 +244,7 @@ def test_int8_without_vnni_translates_close_to_float32_and_batch_invariant(model
     reference_run = [text for text, _ in translate(float32, sources, BatchingConfig())]
     batched = translate(int8, sources, BatchingConfig())
     identical = sum(a == b for a, (b, _) in zip(reference_run, batched)) / len(sources)
-    assert identical >= 0.8, f"{identical:.1%} of lines identical to float32"
+    assert identical >= 0.75, f"{identical:.1%} of lines identical to float32"  # measured 82%
     bleu_float32 = sacrebleu.corpus_bleu(reference_run, [references]).score
     bleu_int8 = sacrebleu.corpus_bleu([text for text, _ in batched], [references]).score
     assert abs(bleu_int8 - bleu_float32) <= 1.0, (bleu_float32, bleu_int8)
@@ -246,7 +258,8 @@ def test_every_search_runs_in_reduced_precision(model_path, sources, dtype):
         return
     lines = sources[:12]
     greedy = translate_lines(model_path, lines, "--dtype", dtype, "--beam", "1")
-    assert sum(a == b for a, b in zip(greedy, translate_lines(model_path, lines, "--beam", "1"))) >= 10
+    # 10-11 of these 12 lines are identical with VNNI, 8-10 without (see the test above)
+    assert sum(a == b for a, b in zip(greedy, translate_lines(model_path, lines, "--beam", "1"))) >= 6
     nbest = translate_lines(model_path, lines, "--dtype", dtype, "--beam", "4", "--nbest", "3", "--scores")
     float_nbest = translate_lines(model_path, lines, "--beam", "4", "--nbest", "3", "--scores")
     for line, float_line in zip(nbest, float_nbest):

@@ -30,6 +30,7 @@ products and softmax, and the searches stay float32.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,10 +56,34 @@ class CpuSupport:
     int8_vnni: bool
 
 
-def cpu_support(capabilities: Mapping[str, object] | None = None, aten_capability: str | None = None) -> CpuSupport:
-    """The CPU's bf16/int8 support from `capabilities` (default: torch.cpu.get_capabilities()) and
-    the kernels torch runs (`aten_capability`, default torch.backends.cpu.get_cpu_capability(), which
-    ATEN_CPU_CAPABILITY lowers). Returns a CpuSupport; a torch without get_capabilities reports neither.
+# oneDNN instruction-set levels (ONEDNN_MAX_CPU_ISA values) that include AVX512-VNNI.
+ONEDNN_ISAS_WITH_AVX512_VNNI = frozenset({
+    "ALL", "DEFAULT", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512",
+    "AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+})
+
+
+def onednn_may_use_avx512_vnni(environ: Mapping[str, str] | None = None) -> bool:
+    """False when ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA) caps oneDNN below AVX512-VNNI.
+
+    torch._int_mm decides by the CPU alone; a capped oneDNN then runs its non-VNNI int8 kernels on
+    signed bytes, whose 16-bit sums saturate (measured: 15% error on random inputs).
+    """
+    environ = os.environ if environ is None else environ
+    cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
+    return cap is None or cap.strip().upper() in ONEDNN_ISAS_WITH_AVX512_VNNI
+
+
+def cpu_support(
+    capabilities: Mapping[str, object] | None = None,
+    aten_capability: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> CpuSupport:
+    """The CPU's bf16/int8 support from `capabilities` (default: torch.cpu.get_capabilities()), the
+    kernels torch runs (`aten_capability`, default torch.backends.cpu.get_cpu_capability(), which
+    ATEN_CPU_CAPABILITY lowers) and oneDNN's cap in `environ` (default os.environ). Returns a
+    CpuSupport; a torch without get_capabilities reports neither.
     """
     if capabilities is None:
         capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
@@ -67,7 +92,9 @@ def cpu_support(capabilities: Mapping[str, object] | None = None, aten_capabilit
     has = {name for name, value in capabilities.items() if value is True}
     return CpuSupport(
         native_bf16=bool(has & {"avx512_bf16", "amx_bf16"}),
-        int8_vnni="avx512_vnni" in has and aten_capability.upper().startswith("AVX512"),
+        int8_vnni=(
+            "avx512_vnni" in has and aten_capability.upper().startswith("AVX512") and onednn_may_use_avx512_vnni(environ)
+        ),
     )
 
 
