@@ -135,6 +135,22 @@ def test_int8_matrix_product_is_exact_at_the_extremes():
     assert torch.equal(torch._int_mm(left, right).long(), left.long() @ right.long())
 
 
+def test_int8_without_vnni_is_exact_where_16_bit_pair_sums_would_overflow():
+    # Inputs at +-127 (bytes 255 and 1 after the shift) against weights at +-63, in adjacent pairs:
+    # the sums a CPU without VNNI forms in 16 bits reach 255 * 63 * 2 = 32,130. With 8-bit weights
+    # (255 * 127 * 2 = 64,770) they would saturate on such a CPU.
+    pattern = torch.tensor([1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 0.0, 1.0])
+    linear = torch.nn.Linear(512, 48, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.stack([pattern.roll(i).repeat(64) for i in range(48)]))
+    x = torch.stack([pattern.roll(i).repeat(64) * (i + 1) for i in range(24)])
+    # Every value is exactly representable: max|row| maps to 127 (inputs) and 63 (weights) exactly.
+    with torch.inference_mode():
+        got = Int8LinearWithoutVnni(linear)(x)
+    expected = (x.double() @ linear.weight.detach().double().T)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-4)
+
+
 @pytest.mark.parametrize("layer_class", INT8_LAYERS)
 def test_int8_linear_computes_its_quantised_product(layer_class):
     weight_max = 127 if layer_class is Int8Linear else WEIGHT_MAX_WITHOUT_VNNI

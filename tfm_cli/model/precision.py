@@ -201,14 +201,19 @@ class BFloat16Linear(nn.Module):
         return on_threads(self.product_threads, product, x, self.weight, self.bias).float()
 
 
+def row_scales(matrix: torch.Tensor, largest: int) -> torch.Tensor:
+    """matrix: (R, K) float32 -> (R, 1) float32, max|row| / largest: the scale that maps a row's largest
+    entry to +-largest. An all-zero row gets 1e-12 instead of 0, so that dividing by it stays finite."""
+    return matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(largest)
+
+
 def quantize_rows(matrix: torch.Tensor, largest: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantisation of each row. matrix: (R, K) float32.
 
-    Returns (int8 values (R, K), float32 scales (R, 1)) with matrix ~= values * scales; a row's
-    scale is max|row| / largest, so its largest entry maps to +-largest. An all-zero row gets scale
-    1e-12 (and all-zero values) instead of a division by zero.
+    Returns (int8 values (R, K) in -largest..largest, float32 scales (R, 1), see row_scales) with
+    matrix ~= values * scales.
     """
-    scales = matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(largest)  # (R, 1)
+    scales = row_scales(matrix, largest)
     values = (matrix / scales).round_().to(torch.int8)
     return values, scales
 
@@ -218,7 +223,7 @@ def quantize_rows_unsigned(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
     Returns (uint8 values (R, K) in 1..255, float32 scales (R, 1)) with matrix ~= (values - 128) * scales.
     """
-    scales = matrix.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(INT8_MAX)  # (R, 1)
+    scales = row_scales(matrix, INT8_MAX)
     values = (matrix / scales).round_().add_(128).to(torch.uint8)
     return values, scales
 
