@@ -282,9 +282,11 @@ class Int8LinearWithoutVnni(nn.Module):
         rows = x.reshape(-1, x.size(-1))  # (R, K)
         values, row_scales = quantize_rows_unsigned(rows)
         # (values - 128) @ W_q.T, each column times its weight scale: (R, N) float32
-        output = on_threads(self.product_threads, self.product, values).mul_(row_scales)
-        if self.bias is not None:
-            output.add_(self.bias)  # in place: for the output projection each copy is (rows, vocabulary)
+        scaled = on_threads(self.product_threads, self.product, values)
+        if self.bias is None:
+            output = scaled.mul_(row_scales)
+        else:
+            output = torch.addcmul(self.bias, scaled, row_scales)
         return output.view(*x.shape[:-1], -1)
 
     def product(self, values: torch.Tensor) -> torch.Tensor:
