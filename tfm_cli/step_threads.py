@@ -20,6 +20,8 @@ process alternating the modes): at 160 rows, products on two threads and the res
 faster than one thread for everything (work 42M) and, with kernels capped at AVX2 (84M), 1.10x
 faster than two threads for everything; at 320 rows 1.01-1.02x; at 640 rows (168M / 336M) two
 threads for everything was as fast or 1.04x faster. Greedy steps of 32 rows (8M) gained nothing.
+In int8 at 160 rows (10.5M) one thread stayed 1.09x faster than products-only; with 7-bit int8 on
+AVX2-capped kernels (21M) products-only was 1.04x faster than one thread and 1.25x faster than all.
 
 A step's results are the same bits on one thread as on two, in every precision
 (tests/test_step_threads.py checks that whole translations are).
