@@ -6,7 +6,7 @@ two revisions alternate, so a change in machine load hits both alike. Reported p
 seconds, target tokens/s, the ratio after/before, and whether the outputs are identical.
 
 Usage: python bench/ab_commits.py --before REV [--after HEAD] --model CKPT [--source FILE]
-       [--lines 1000] [--beams 1,5] [--runs 3] [--threads 2] [--batch-size 32]
+       [--lines 1000] [--beams 1,5] [--runs 3] [--threads 2] [--batch-size 32] [--dtype float32]
 The worker decodes batches of --batch-size sentences sorted by length with tfm_cli.search
 (greedy_search for beam 1, beam_search otherwise), default length limits, no length penalty.
 """
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 
 
-def worker(model_path: str, source: str, lines: int, beam: int, threads: int, batch_size: int) -> dict:
+def worker(model_path: str, source: str, lines: int, beam: int, threads: int, batch_size: int, dtype: str) -> dict:
     """Decode the lines with the tfm_cli on sys.path; returns {seconds, tokens, outputs}."""
     import torch
 
@@ -37,7 +37,7 @@ def worker(model_path: str, source: str, lines: int, beam: int, threads: int, ba
     from tfm_cli.search import beam_search, greedy_search
 
     torch.set_num_threads(threads)
-    loaded = load_model(model_path)
+    loaded = load_model(model_path, dtype=dtype)
     model, config = loaded.model, loaded.config
     text = Path(source).read_text(encoding="utf-8").splitlines()[:lines]
     ids = [loaded.src_tokenizer.encode_ids(line) + [config.eos_id] for line in text]
@@ -66,7 +66,7 @@ def worker(model_path: str, source: str, lines: int, beam: int, threads: int, ba
 def run_at(worktree: Path, args: argparse.Namespace, beam: int) -> dict:
     """One timed worker run importing tfm_cli from `worktree`."""
     env = dict(os.environ, PYTHONPATH=str(worktree), OMP_NUM_THREADS=str(args.threads))
-    request = json.dumps([str(args.model), str(args.source), args.lines, beam, args.threads, args.batch_size])
+    request = json.dumps([str(args.model), str(args.source), args.lines, beam, args.threads, args.batch_size, args.dtype])
     done = subprocess.run([sys.executable, __file__, "--worker", request], env=env, check=True,
                           capture_output=True, text=True, cwd=tempfile.gettempdir())
     result = json.loads(done.stdout)
@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", help="float32, bf16 or int8 (load_model's dtype)")
     args = parser.parse_args()
     args.model = args.model.resolve()
     args.source = args.source.resolve()
@@ -101,7 +102,7 @@ def main() -> None:
                            check=True, capture_output=True)
         try:
             print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; before {args.before}, after {args.after}; "
-                  f"{args.lines} lines of {args.source.name}; batch {args.batch_size}; {args.threads} threads; "
+                  f"{args.lines} lines of {args.source.name}; {args.dtype}; batch {args.batch_size}; {args.threads} threads; "
                   f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; median of {args.runs}")
             print("| beam | before s | after s | before tok/s | after tok/s | after / before speed | identical outputs |")
             print("|---|---|---|---|---|---|---|")
