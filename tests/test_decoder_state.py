@@ -96,3 +96,30 @@ def test_a_group_that_mixes_sentences_is_refused():
             state.select(torch.tensor([1, 2, 0, 3]), group_width=2)
         with pytest.raises(ValueError, match="groups of 2"):
             state.select(torch.tensor([0, 1, 2]), group_width=2)
+
+
+def test_select_leaves_room_for_one_step_and_later_steps_still_grow_the_cache():
+    """After a reorder each self-attention cache holds no unused positions beyond the next step's;
+    steps without a reorder in between (greedy, sampling) grow it again, with the same results."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src = torch.randint(4, 40, (2, 5))
+    with torch.inference_mode():
+        state = model.start_decoding(model.encode(src))
+        state.select(torch.tensor([0, 0, 1, 1]), group_width=2)
+        prefixes = [[model.config.bos_id] for _ in range(4)]
+        tokens = torch.full((4,), model.config.bos_id)
+        for step in range(5):
+            chosen = model.decode_step(tokens, state).logits.argmax(-1)
+            prefixes = [prefix + [int(token)] for prefix, token in zip(prefixes, chosen)]
+            tokens = chosen
+            if step < 2:  # reorders within each sentence, then three steps with no select at all
+                order = torch.tensor([1, 0, 3, 2])
+                state.select(order, group_width=2)
+                prefixes = [prefixes[i] for i in order.tolist()]
+                tokens = chosen[order]
+                for cache in state.self_caches:
+                    assert cache.buffer.size(3) == cache.length + 1
+        logits = model.decode_step(tokens, state).logits
+        full = model.project(model.decode(torch.tensor(prefixes), model.encode(src.repeat_interleave(2, 0))).hidden[:, -1])
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)

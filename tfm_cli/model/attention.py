@@ -67,10 +67,15 @@ class SelfAttentionCache:
         self.buffer = buffer
 
     def select(self, indices: torch.Tensor) -> None:
-        """Keep batch rows `indices` (B',) in this order (beam reordering, dropping finished rows)."""
+        """Keep batch rows `indices` (B',) in this order (beam reordering, dropping finished rows).
+
+        The new buffer has room for exactly one more step: a beam search selects before every step,
+        so its caches never hold unused positions (growing by doubling would, up to half of them).
+        """
         if self.buffer is None:
             return
-        selected = self.buffer.new_empty((2, indices.numel(), *self.buffer.shape[2:]))
+        two, _, n_heads, _, head_dim = self.buffer.shape
+        selected = self.buffer.new_empty((two, indices.numel(), n_heads, self.length + 1, head_dim))
         torch.index_select(self.buffer[:, :, :, : self.length], 1, indices, out=selected[:, :, :, : self.length])
         self.buffer = selected
 
