@@ -219,3 +219,22 @@ def test_the_batch_invariance_switch_changes_the_arithmetic_not_the_results(trai
         fast = search_beams(TransformerDecoder(loaded.model, src, batch_invariant=False), config)
     assert [h[0].tokens for h in fast] == [h[0].tokens for h in exact]
     assert [h[0].score for h in fast] == pytest.approx([h[0].score for h in exact], abs=1e-4)
+
+
+def test_a_decoding_step_gives_exactly_torchs_log_softmax_of_the_model_logits(trained):
+    # TransformerDecoder.step normalises the logits in place; a second, untouched decoding state
+    # gives the reference logits, which torch's own log_softmax normalises out of place.
+    from tfm_cli.decoding import TransformerDecoder, source_batch
+
+    loaded, sources = trained
+    src = source_batch([row[:-1] for row in sources[:5]], loaded.config)
+    with torch.inference_mode():
+        decoder = TransformerDecoder(loaded.model, src, batch_invariant=False)
+        decoder.start(1, grouped=True)
+        reference_state = loaded.model.start_decoding(loaded.model.encode(src))
+        tokens = torch.full((5,), loaded.config.bos_id)
+        for _ in range(3):
+            log_probs = decoder.step(tokens)
+            reference = torch.log_softmax(loaded.model.decode_step(tokens, reference_state).logits, dim=-1)
+            assert torch.equal(log_probs, reference)
+            tokens = log_probs.argmax(-1)

@@ -146,7 +146,9 @@ class TransformerDecoder:
             tokens = padded_rows(tokens, self.state.group_width)
         with step_mode(self.step_threads.mode(tokens.numel()), self.linear_layers):
             output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
-        return torch.log_softmax(output.logits[: self.rows].float(), dim=-1)
+        logits = output.logits[: self.rows].float()  # (R, V), a fresh tensor no one else holds
+        # In place: the largest tensor of a step (rows x vocabulary) is not allocated twice.
+        return torch.log_softmax(logits, dim=-1, out=logits)
 
     def select(self, rows: torch.Tensor, group_width: int = 1) -> None:
         """Keep `rows` (R',) int64 of the state, in order; groups of `group_width` rows share a sentence."""
