@@ -148,7 +148,7 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
             closing = torch.tensor(at_limit, device=device).repeat_interleave(width)[:, None]  # (R, 1)
             not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
             not_eos[eos] = False
-            log_probs = log_probs.masked_fill(closing & not_eos, float("-inf"))
+            log_probs.masked_fill_(closing & not_eos, float("-inf"))
         # The best 2k of a sentence's width * V candidates are among the best 2k of each of its rows,
         # so each row is cut to its best 2k first and only those get the row's score added.
         row_best, row_tokens = log_probs.topk(min(2 * beam, vocab), dim=1)  # (R, c) each
