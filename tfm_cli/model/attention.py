@@ -69,8 +69,9 @@ class SelfAttentionCache:
     def select(self, indices: torch.Tensor) -> None:
         """Keep batch rows `indices` (B',) in this order (beam reordering, dropping finished rows).
 
-        The new buffer has room for exactly one more step: a beam search selects before every step,
-        so its caches never hold unused positions (growing by doubling would, up to half of them).
+        The new buffer has room for exactly one more step: a beam search reorders its rows before
+        nearly every step, so its caches hold almost no unused positions, where buffers that double
+        when full hold up to half. A step with no select in between grows the buffer (`append`).
         """
         if self.buffer is None:
             return
