@@ -115,16 +115,18 @@ def step_mode(mode: StepMode, linear_layers: Sequence[torch.nn.Module]) -> Itera
     if mode is StepMode.ALL_THREADS or previous == 1:
         yield
         return
-    products = previous if mode is StepMode.PRODUCTS_ONLY else None
-    for layer in linear_layers:
-        layer.product_threads = products
+    products_on_all = mode is StepMode.PRODUCTS_ONLY
+    if products_on_all:
+        for layer in linear_layers:
+            layer.product_threads = previous
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
-        for layer in linear_layers:
-            layer.product_threads = None
+        if products_on_all:
+            for layer in linear_layers:
+                layer.product_threads = None
 
 
 def on_threads(count: int | None, function: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
