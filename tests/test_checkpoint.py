@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shlex
 import struct
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import rewritten_checkpoint, run_cli, tiny_config
+from conftest import REPO_ROOT, rewritten_checkpoint, run_cli, tiny_config
 from tfm_cli.model.kernels import packed_weights
 from tfm_cli.checkpoint import (
     Checkpoint,
@@ -22,6 +23,7 @@ from tfm_cli.checkpoint import (
     save_model,
     write_checkpoint,
 )
+from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.tokenizer import Tokenizer
 
@@ -221,3 +223,55 @@ def test_checkpoint_gets_normal_file_permissions(saved):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# Every file a checkpoint embeds is a (N,) uint8 tensor; a crafted one of another dtype or shape is
+# one error naming the file and the tensor, whichever blob it is and whichever command reads it.
+EMBEDDED_FILES = ["tokenizer.src", "tokenizer.tgt", "tokenizer.src_vocab", "tokenizer.tgt_vocab"]
+BAD_BLOBS = [
+    ("bf16", lambda data: data.to(torch.bfloat16), "has dtype torch.bfloat16, expected torch.uint8"),
+    ("float32", lambda data: data.to(torch.float32), "has dtype torch.float32, expected torch.uint8"),
+    ("int8 (the same bytes)", lambda data: data.view(torch.int8), "has dtype torch.int8, expected torch.uint8"),
+    ("int64", lambda data: data.to(torch.int64), "has dtype torch.int64, expected torch.uint8"),
+    ("bool", lambda data: data.to(torch.bool), "has dtype torch.bool, expected torch.uint8"),
+    ("2-D uint8", lambda data: data[: 2 * (len(data) // 2)].reshape(2, -1), "expected one dimension"),
+    ("0-D uint8", lambda data: data[0], "has shape (), expected one dimension"),
+]
+
+
+def with_blob(source: Path, target: Path, key: str, make) -> Path:
+    """A copy of checkpoint `source` whose tensor `key` is `make(the source tokenizer's bytes)`."""
+    def edit(tensors):
+        tensors[key] = make(tensors["tokenizer.src"].clone()).clone().contiguous()
+    return rewritten_checkpoint(source, target, tensors=edit)
+
+
+@pytest.mark.parametrize("key", EMBEDDED_FILES)
+@pytest.mark.parametrize("name, make, message", BAD_BLOBS, ids=[case[0] for case in BAD_BLOBS])
+def test_an_embedded_file_of_another_dtype_or_shape_is_refused_naming_it(
+    saved, tmp_path, key, name, make, message
+):
+    path, _ = saved
+    bad = with_blob(path, tmp_path / "crafted.safetensors", key, make)
+    with pytest.raises(TfmError) as caught:
+        read_checkpoint(bad)
+    assert str(caught.value).startswith(f"{bad}: tensor {key!r} ") and message in str(caught.value)
+
+
+@pytest.mark.parametrize("command", [
+    "tokenize encode -m {bad}",
+    "translate -m {bad} -o {folder}/out.txt",
+    "score -m {bad} --src {folder}/text.txt --tgt {folder}/text.txt",
+    "inspect-attention -m {bad} 'a b' --target 'c d'",
+    "average {bad} {good} -o {folder}/average.safetensors",
+    "export -m {bad} --to marian {folder}/exported",
+    "train {repo}/recipes/tiny.toml --init {bad} --run {folder}/run",
+])
+def test_every_command_that_reads_a_checkpoint_refuses_a_bf16_tokenizer_in_one_line(saved, tmp_path, command):
+    path, _ = saved
+    bad = with_blob(path, tmp_path / "crafted.safetensors", "tokenizer.src", lambda data: data.to(torch.bfloat16))
+    (tmp_path / "text.txt").write_text("the dog\n")
+    args = [part.format(bad=bad, good=path, folder=tmp_path, repo=REPO_ROOT) for part in shlex.split(command)]
+    result = run_cli(args, input="the dog sees my cat\n")
+    assert_one_clear_error(result, str(bad), "'tokenizer.src'", "torch.bfloat16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crafted.safetensors", "model.safetensors", "text.txt"]

@@ -40,6 +40,8 @@ SRC_TOKENIZER_KEY = "tokenizer.src"
 TGT_TOKENIZER_KEY = "tokenizer.tgt"
 SRC_VOCAB_KEY = "tokenizer.src_vocab"
 TGT_VOCAB_KEY = "tokenizer.tgt_vocab"
+# Every file a checkpoint embeds as bytes: the one list read_checkpoint checks (dtype, shape) before use.
+EMBEDDED_FILE_KEYS = (SRC_TOKENIZER_KEY, TGT_TOKENIZER_KEY, SRC_VOCAB_KEY, TGT_VOCAB_KEY)
 # The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
 # unless a flag says otherwise).
 DECODE_DEFAULT_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "banned_ids")
@@ -282,22 +284,45 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
         raise TfmError(f"{path}: unreadable safetensors data ({error})") from None
-    if SRC_TOKENIZER_KEY not in tensors:
+    files = embedded_files(path, tensors)
+    if SRC_TOKENIZER_KEY not in files:
         raise TfmError(f"{path}: checkpoint has no embedded tokenizer ({SRC_TOKENIZER_KEY})")
-    src_bytes = tensors.pop(SRC_TOKENIZER_KEY).numpy().tobytes()
-    tgt_tensor = tensors.pop(TGT_TOKENIZER_KEY, None)
-    tgt_bytes = src_bytes if tgt_tensor is None else tgt_tensor.numpy().tobytes()
-    src_vocab_tensor, tgt_vocab_tensor = tensors.pop(SRC_VOCAB_KEY, None), tensors.pop(TGT_VOCAB_KEY, None)
+    src_bytes = files[SRC_TOKENIZER_KEY]
+    tgt_bytes = files.get(TGT_TOKENIZER_KEY, src_bytes)
     src_vocab = tgt_vocab = None
-    if src_vocab_tensor is not None:
-        src_vocab = decode_vocabulary(src_vocab_tensor.numpy().tobytes(), f"{path} ({SRC_VOCAB_KEY})")
+    if SRC_VOCAB_KEY in files:
+        src_vocab = decode_vocabulary(files[SRC_VOCAB_KEY], f"{path} ({SRC_VOCAB_KEY})")
         tgt_vocab = src_vocab
-        if tgt_vocab_tensor is not None:
-            tgt_vocab = decode_vocabulary(tgt_vocab_tensor.numpy().tobytes(), f"{path} ({TGT_VOCAB_KEY})")
-    elif tgt_vocab_tensor is not None:
+        if TGT_VOCAB_KEY in files:
+            tgt_vocab = decode_vocabulary(files[TGT_VOCAB_KEY], f"{path} ({TGT_VOCAB_KEY})")
+    elif TGT_VOCAB_KEY in files:
         raise TfmError(f"{path}: checkpoint has {TGT_VOCAB_KEY} but no {SRC_VOCAB_KEY}")
     check_weights(path, config, tensors)
     return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults)
+
+
+def embedded_files(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
+    """Take the embedded files (EMBEDDED_FILE_KEYS) out of `tensors`, as bytes by key, each checked first.
+
+    An embedded file is stored as a (N,) uint8 tensor (byte_tensor); any other dtype or shape is a
+    crafted or damaged file, refused with a TfmError naming `path` and the tensor before its bytes are used.
+    """
+    files = {}
+    for key in EMBEDDED_FILE_KEYS:
+        tensor = tensors.pop(key, None)
+        if tensor is None:
+            continue
+        if tensor.dtype != torch.uint8:
+            raise TfmError(
+                f"{path}: tensor {key!r} has dtype {tensor.dtype}, expected torch.uint8 (the bytes of an embedded file)"
+            )
+        if tensor.dim() != 1:
+            raise TfmError(
+                f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, expected one dimension "
+                "(the bytes of an embedded file)"
+            )
+        files[key] = tensor.numpy().tobytes()
+    return files
 
 
 def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
