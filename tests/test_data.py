@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tfm_cli.config import SEED_LIMIT, derive_seed
 from tfm_cli.data import (
     EpochSampler,
     FilterStats,
@@ -118,3 +119,27 @@ def test_weighted_epochs_batch_the_sampled_rows_and_split_them_between_ranks():
     assert counts.sum() >= 140 - 150 // 2
     assert set(counts[:100].tolist()) <= {0, 1} and set(counts[100:].tolist()) <= {0, 1, 2}
     assert int(counts[100:].sum()) >= 40 - 150 // 2
+
+
+def test_the_largest_seeds_order_and_sample_epochs():
+    # Epoch seeds were seed * 1_000_003 + epoch: from seed ~1.8e13 torch refused them ("Overflow when
+    # unpacking long long"), a traceback once the corpus was prepared.
+    src_lengths, tgt_lengths = random_lengths(120, 6)
+    parts = [(0, 100, 1.0), (100, 20, 0.5)]  # a fractional weight: corpus sampling draws from the seed too
+    for seed in (2**62, SEED_LIMIT - 1):
+        sampler = EpochSampler(src_lengths, tgt_lengths, 150, seed, 1, World(), parts)
+        orders = [sampler.epoch_batches(epoch).order.tolist() for epoch in (0, 1)]
+        assert orders[0] != orders[1]  # another order, and another half of the last corpus, every epoch
+        again = EpochSampler(src_lengths, tgt_lengths, 150, seed, 1, World(), parts)
+        assert again.epoch_batches(1).order.tolist() == orders[1]  # what a resume rebuilds
+
+
+def test_derived_seeds_are_seeds_and_differ_between_streams():
+    for seed in (0, 1, 2**62, SEED_LIMIT - 1):
+        derived = {(purpose, index): derive_seed(seed, purpose, index)
+                   for purpose in ("epoch order", "corpus sampling", "dropout") for index in range(50)}
+        assert all(0 <= value < SEED_LIMIT for value in derived.values())
+        assert len(set(derived.values())) == len(derived)  # every epoch, rank and purpose its own stream
+        assert derive_seed(seed, "dropout", 3) == derived["dropout", 3]  # a function of its arguments alone
+    # A sum gave seed 0's epoch 1_000_003 the order of seed 1's epoch 0.
+    assert derive_seed(0, "epoch order", 1_000_003) != derive_seed(1, "epoch order", 0)

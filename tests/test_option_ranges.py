@@ -43,6 +43,14 @@ def test_train_refuses_a_seed_torch_cannot_take(tmp_path, letters):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_runs_with_the_largest_seed_it_accepts(tmp_path, letters):
+    # The seeds derived from it (each epoch's order) once overflowed torch's 64 bits: a traceback after preparation.
+    options = letter_settings(letters, **{"train.seed": 2**63 - 1, "train.max_steps": 2, "train.max_tokens": 256})
+    result = run_cli(["train", REPO_ROOT / "recipes" / "tiny.toml", "--run", tmp_path / "run", "--threads", "1", *options])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "run" / "checkpoint_last.safetensors").is_file()
+
+
 def test_tokenize_train_refuses_a_negative_sample_size(tmp_path, synthetic):
     result = run_cli(["tokenize", "train", synthetic["train.src"], "-o", tmp_path / "spm", "--vocab-size", "100",
                       "--max-sentences", "-5"])

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tfm_cli.allocator import return_freed_memory
+from tfm_cli.config import derive_seed
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -185,7 +186,7 @@ def epoch_rows(parts: list[tuple[int, int, float]], seed: int, epoch: int) -> to
     """
     if all(weight == 1.0 for _, _, weight in parts):
         return None
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch + SAMPLING_STREAM)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "corpus sampling", epoch))
     pieces = []
     for first, rows, weight in parts:
         whole = math.floor(weight)
@@ -194,9 +195,6 @@ def epoch_rows(parts: list[tuple[int, int, float]], seed: int, epoch: int) -> to
         if share:
             pieces.append(first + torch.randperm(rows, generator=generator)[:share].sort().values)
     return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
-
-
-SAMPLING_STREAM = 1 << 40  # keeps the weighted-sampling generator apart from the batching one of the same epoch
 
 
 class EpochSampler:
@@ -276,7 +274,7 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 
     So a resumed run rebuilds the same batches and skips the ones already done, with no generator state saved.
     """
-    return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.Generator().manual_seed(derive_seed(seed, "epoch order", epoch))
 
 
 @dataclass

@@ -105,7 +105,7 @@ class Trainer:
         self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing)
         if world.distributed:
             # Every rank built the same initial weights from the seed; dropout must differ between ranks.
-            torch.manual_seed(config.seed * 1000 + world.rank)
+            torch.manual_seed(config.derived_seed("dropout", world.rank))
             self.loss_module = torch.nn.parallel.DistributedDataParallel(
                 self.loss_module, device_ids=[device] if device.type == "cuda" else None,
                 forward_sync_buffers=False,  # the only buffers are fixed sinusoids
