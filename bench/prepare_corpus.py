@@ -313,7 +313,8 @@ def map_entry(argv: list[str]) -> None:
     (corpus_cache.read_entry), read every token of it, wait HOLD_SECONDS (so that the other readers
     have mapped it too), print one JSON line of /proc/self/smaps_rollup figures in KiB, and wait again
     (so that it is still mapped while the others read theirs)."""
-    from tfm_cli.corpus_cache import read_entry, read_manifest
+    from tfm_cli.cache_folder import read_manifest
+    from tfm_cli.corpus_cache import read_entry
 
     entry, hold = Path(argv[0]), float(argv[1])
     corpus = read_entry(entry, read_manifest(entry), 1 << 30, 1 << 30, check_tokens=False)
@@ -553,7 +554,7 @@ def ranks_memory(
 def mapped_memory(cache: Path, readers: int) -> None:
     """Part 6: `readers` processes map the same prepared entry and read all of it at once, against one
     process alone: the entry is one copy in the page cache, so total PSS grows by the per-process floor only."""
-    (entry,) = [path for path in cache.iterdir() if path.name.startswith("train-")]
+    (entry,) = [path for path in cache.iterdir() if path.is_dir() and path.name.startswith("train-")]
     size = sum(path.stat().st_size for path in entry.iterdir()) / 2**20
     rows, totals = [], {}
     for count in (1, readers):

@@ -4,6 +4,7 @@ new run starts from without reading the text again, --prepare-only, and what is 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,35 @@ def test_a_run_whose_config_predates_the_corpus_settings_resumes(tmp_path, lette
     changed = run_cli(["train", "--run", tmp_path / "run", "--resume", "--set", "train.max_steps=4",
                        "--set", "data.skip_identical=true"])
     assert changed.exit_code == 1 and "data.skip_identical is True but the run" in changed.stderr
+
+
+def test_text_changed_behind_its_fingerprint_stops_training_before_any_validation(tmp_path, letters, monkeypatch):
+    from test_corpus_cache import forge_ref_for_current_files
+
+    src = tmp_path / "train.src"
+    src.write_text(letters["train_src"].read_text())
+    cache = tmp_path / "cache"
+    settings = letter_settings(letters, **{"train.max_steps": 3, "train.valid_every": 1, "data.train_src": src,
+                                           "data.cache_dir": cache})
+    assert run_cli(["train", TINY, "--run", tmp_path / "first", "--prepare-only", *settings]).exit_code == 0
+    # The same length and modification time, other letters; then a ref as a file system whose change
+    # times cannot be trusted would leave it: the fingerprint now leads to the old tokens.
+    stat = src.stat()
+    text = src.read_text()
+    src.write_text(text.replace("a", "b", 1) if "a" in text else text.replace("b", "a", 1))
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    train_entries = [path for path in cache.iterdir() if path.is_dir() and path.name.startswith("train-")]
+    ref = forge_ref_for_current_files(cache, [(src, letters["train_tgt"])], train_entries[0])
+    monkeypatch.setattr("tfm_cli.corpus_cache.SYNC_CHECK_BYTES", 0)  # as for a corpus of many gigabytes
+    stopped = run_cli(["train", TINY, "--run", tmp_path / "second", *settings])
+    assert stopped.exit_code == 1
+    assert f"training stopped: {src}: its content changed since its prepared data was made" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    metrics = tmp_path / "second" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    assert [record for record in records if record["kind"] == "valid"] == []
+    assert not ref.exists()
+    # The next run prepares the changed file anew, and trains and validates on it.
+    again = run_cli(["train", TINY, "--run", tmp_path / "third", *settings])
+    assert again.exit_code == 0, again.stderr
+    assert "train data changed since it was prepared (train.src: content)" in again.stderr

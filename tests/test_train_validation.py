@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 import torch
 
-from conftest import REPO_ROOT, letter_settings, run_tfm_process
+from conftest import REPO_ROOT, letter_settings, run_cli, run_tfm_process
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
@@ -73,3 +73,34 @@ def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp
         assert abs(nll - record["nll_loss"]) <= 1e-4 * max(1.0, nll), (step, nll, record["nll_loss"])
         bleu = fresh_process_bleu(checkpoint, letters["valid_src"], letters["valid_tgt"], 1.0, 4, device)
         assert abs(bleu - record["bleu"]) <= 1e-6, (step, bleu, record["bleu"])
+
+
+def line_of_exactly(tokenizer, pieces: int) -> str:
+    """A letter line that the tokenizer cuts into exactly `pieces` pieces."""
+    letters = "a b c d e f g h " * pieces
+    for end in range(1, len(letters)):
+        if len(tokenizer.encode_ids(letters[:end].strip())) == pieces:
+            return letters[:end].strip()
+    raise AssertionError(f"no line of {pieces} pieces")
+
+
+def test_a_validation_pair_of_exactly_max_positions_pieces_is_filtered_not_fed_to_the_model(tmp_path, letters):
+    from tfm_cli.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(letters["spm"])
+    positions = 12
+    long_line = line_of_exactly(tokenizer, positions)  # + EOS: one token more than the model has positions
+    src_lines = letters["valid_src"].read_text().splitlines()
+    tgt_lines = letters["valid_tgt"].read_text().splitlines()
+    src_lines[0], tgt_lines[1] = long_line, long_line  # the source of one pair, the target of another
+    (tmp_path / "valid.src").write_text("\n".join(src_lines) + "\n")
+    (tmp_path / "valid.tgt").write_text("\n".join(tgt_lines) + "\n")
+    settings = letter_settings(letters, **{
+        "data.valid_src": tmp_path / "valid.src", "data.valid_tgt": tmp_path / "valid.tgt",
+        "model.max_positions": positions, "data.max_length": 10, "train.max_steps": 2, "train.valid_every": 1,
+    })
+    result = run_cli(["train", TINY, "--run", tmp_path / "run", "--threads", "1", *settings])
+    assert result.exit_code == 0, result.stderr
+    assert f"valid data: {len(src_lines)} pairs read, {len(src_lines) - 2} kept" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records if record["kind"] == "valid"] == [1, 2]

@@ -18,6 +18,7 @@ from tfm_cli.commands import (
     TfmCommand,
     TfmCommandGroup,
     average,
+    cache,
     export,
     import_model,
     inspect_attention,
@@ -144,6 +145,7 @@ app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
 app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)
+app.add_typer(cache.app, name="cache")
 
 
 def interrupt_on_sigterm(signum: int, frame) -> None:

@@ -14,11 +14,8 @@ import torch
 
 from tfm_cli import distributed
 from tfm_cli.config import DataConfig, ModelConfig, Recipe, TrainCorpus
-from tfm_cli.corpus_cache import (
-    FilterSettings,
-    prepare_corpus,
-    remove_temp_entries,
-)
+from tfm_cli.cache_folder import remove_dead_temp_folders
+from tfm_cli.corpus_cache import ContentCheck, FilterSettings, prepare_corpus
 from tfm_cli.data import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
@@ -48,6 +45,15 @@ class PreparedData:
     valid: TokenizedCorpus | None
     valid_references: list[str]
     train_weights: tuple[float, ...]  # one per training corpus (data.train_corpora)
+    content_checks: tuple[ContentCheck, ...] = ()  # full SHA-256 checks of large cached corpora, still running
+
+    def check_unchanged(self, wait: bool) -> None:
+        """Raise TfmError if a content check found that a cached corpus's text files changed; with `wait`,
+        first wait for the checks still running (before anything is validated on that data)."""
+        for check in self.content_checks:
+            failure = check.result(wait)
+            if failure is not None:
+                raise TfmError(f"training stopped: {failure}")
 
 
 def cache_folder(data: DataConfig, run_dir: Path) -> Path:
@@ -60,7 +66,9 @@ def tokenizer_cache_path(inputs: list[Path], recipe: Recipe, side: str, cache_di
     parts = {
         "version": TOKENIZER_CACHE_VERSION,
         "side": side,
-        "inputs": [fingerprint(path, "tokenizer training text").to_dict() for path in inputs],
+        # Not the change time and inode: a copied or re-permissioned file need not retrain its tokenizer.
+        "inputs": [{key: value for key, value in fingerprint(path, "tokenizer training text").to_dict().items()
+                    if key not in ("ctime_ns", "inode")} for path in inputs],
         "settings": asdict(recipe.tokenizer.train_settings()),
         "skip_invalid_utf8": recipe.data.invalid_utf8 == "skip",
     }
@@ -142,9 +150,10 @@ def train_filters(data: DataConfig) -> FilterSettings:
 
 
 def valid_filters(data: DataConfig, model_config: ModelConfig) -> FilterSettings:
-    """The filters of the validation set: none but what the model cannot take (over max_positions tokens)
-    and invalid UTF-8 as the recipe says, so validation scores the whole set as `tfm translate` would."""
-    return FilterSettings(max_length=model_config.max_positions + 1, skip_empty=False,
+    """The filters of the validation set: none but what the model cannot take (over max_positions tokens,
+    EOS included: the decoder's input is BOS + target, as long as the target + EOS) and invalid UTF-8 as
+    the recipe says, so validation scores the whole set as `tfm translate` would."""
+    return FilterSettings(max_length=model_config.max_positions, skip_empty=False,
                           skip_invalid_utf8=data.invalid_utf8 == "skip")
 
 
@@ -173,14 +182,19 @@ def prepare_data(
     sets = {"train": ([(c.src, c.tgt) for c in data.train_corpora], train_filters(data))}
     if data.valid_src:
         sets["valid"] = ([(data.valid_src, data.valid_tgt)], valid_filters(data, model_config))
-    corpora = {}
+    corpora, checks = {}, []
     for name, (inputs, filters) in sets.items():
         on_event(PhaseEvent(f"preparing the {name} data"))
         prepared = prepare_corpus(
             inputs, src_tokenizer, tgt_tokenizer, filters, cache_dir, name, model_config.eos_id,
             on_progress=lambda progress: on_event(PrepareEvent(progress)), should_stop=should_stop,
             must_exist=not world.is_main, check_tokens=world.is_main,
+            on_wait=lambda message: on_event(PhaseEvent(message)),
         )
+        if prepared.content_check is not None:
+            checks.append(prepared.content_check)
+            on_event(PhaseEvent(f"the {name} data was found by its files' fingerprints; their SHA-256 is checked "
+                                "while training starts"))
         corpus = prepared.corpus
         src_tokens, tgt_tokens = count_tokens(corpus)
         labels = [f"{Path(src).name} / {Path(tgt).name}" for src, tgt in inputs]
@@ -197,7 +211,8 @@ def prepare_data(
         lines = read_lines(data.valid_tgt, strict_utf8=data.invalid_utf8 == "fail")
         references = [lines[i] for i in valid.line_numbers.tolist()]
     weights = tuple(corpus.weight for corpus in data.train_corpora)
-    return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references, weights)
+    return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references, weights,
+                        tuple(checks))
 
 
 def prepare_on_rank0_first(
@@ -242,14 +257,14 @@ def prepare_run(
         # Saves killed mid-write (SIGKILL) leave hidden temp files; the other ranks wait for rank 0.
         stale = remove_stale_temp_files(run_dir, RUN_FILES) if resume else []
         if cache_dir.is_dir():
-            # A shared cache folder (data.cache_dir) may have another run writing in it: only the temp
-            # folders of processes that are gone are removed there.
+            # A shared cache folder (data.cache_dir) may have other runs writing in it: only the temp
+            # folders of preparations that provably died are removed there.
             if not recipe.data.cache_dir and resume:
                 stale += remove_stale_temp_files(cache_dir, CACHE_FILES)
-            stale += remove_temp_entries(cache_dir)
+            stale += remove_dead_temp_folders(cache_dir)
         if stale:
             names = ", ".join(path.name for path in stale)
-            on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save: {names}"))
+            on_event(PhaseEvent(f"removed {len(stale)} temp file(s) left by an interrupted save or preparation: {names}"))
     make_folder(run_dir, "run folder")
     return prepare_data(recipe, run_dir, resume or not world.is_main, on_event, init, should_stop, world)
 

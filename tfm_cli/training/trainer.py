@@ -234,6 +234,7 @@ class Trainer:
         Only rank 0's counters track the best value; stop decisions are rank 0's (see agreed_stop_reason).
         """
         if self.world.is_main:
+            self.data.check_unchanged(wait=True)  # never validate on text that changed under its cache entry
             self.run_validation()
         distributed.barrier(self.world)
 
@@ -267,6 +268,7 @@ class Trainer:
     def stop_reason(self, should_stop: Callable[[], bool]) -> str | None:
         """Why training should stop now, or None to go on."""
         config, counters = self.config, self.counters
+        self.data.check_unchanged(wait=False)
         if should_stop():
             return STOP_INTERRUPTED
         if config.max_steps and counters.step >= config.max_steps:
@@ -461,6 +463,7 @@ def train_in_world(
         raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
     data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event, init, should_stop)
     if prepare_only:
+        data.check_unchanged(wait=True)
         return TrainResult(step=0, epoch=0, reason="prepared", best_value=None, best_step=0, last_valid=None,
                            run_dir=run_dir)
     trainer = Trainer(recipe, run_dir, data, device, on_event, world, init)
