@@ -180,3 +180,27 @@ def test_text_changed_behind_its_fingerprint_stops_training_before_any_validatio
     again = run_cli(["train", TINY, "--run", tmp_path / "third", *settings])
     assert again.exit_code == 0, again.stderr
     assert "train data changed since it was prepared (train.src: content)" in again.stderr
+
+
+def test_a_sweep_starting_together_on_a_shared_cache_prepares_everything_once(tmp_path, letters):
+    import subprocess
+    import sys
+
+    values = {**{f"data.{key}": letters[key] for key in ("train_src", "train_tgt", "valid_src", "valid_tgt")},
+              "data.cache_dir": tmp_path / "shared", "tokenizer.vocab_size": 20}
+    settings = [item for key, value in values.items() for item in ("--set", f"{key}={value}")]
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "tfm_cli", "train", str(TINY), "--run", str(tmp_path / f"run{i}"),
+                          "--prepare-only", "--threads", "1", *map(str, settings)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    stderr = ""
+    for process in processes:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+        stderr += err
+    # Whatever the interleaving: one tokenizer trained, and each of train and valid prepared by one run
+    # and taken from the cache by the other.
+    assert stderr.count("training a 20-piece") == 1
+    assert stderr.count("(prepared before)") == 2

@@ -19,6 +19,7 @@ from tfm_cli.corpus_cache import ContentCheck, FilterSettings, prepare_corpus
 from tfm_cli.data import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
+from tfm_cli.file_locks import exclusive_lock
 from tfm_cli.parallel_text import fingerprint
 from tfm_cli.textio import (
     atomic_write_pair,
@@ -88,12 +89,15 @@ def check_line_counts(corpora: tuple[TrainCorpus, ...], line_counts: dict[Path, 
 
 
 def prepare_tokenizers(
-    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None]
+    recipe: Recipe, run_dir: Path, resume: bool, on_event: Callable[[Event], None],
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[Tokenizer, Tokenizer]:
     """Load the recipe's sentencepiece models, or train them into the run directory (reused on resume).
 
     A model trained on the same files (by fingerprint) with the same settings is taken from the cache
-    folder instead of trained again, so a new run on a prepared corpus starts in seconds.
+    folder instead of trained again, so a new run on a prepared corpus starts in seconds. Runs that
+    start together on a shared cache folder train it once: one holds the model's lock, the others wait
+    for it (`should_stop` is asked while they wait).
     """
     settings = recipe.tokenizer
     if settings.src_model:
@@ -123,18 +127,24 @@ def prepare_tokenizers(
         model_path = Path(f"{prefix}.model")
         if not (resume and model_path.is_file()):
             cached = tokenizer_cache_path(inputs, recipe, side, cache_dir)
-            if cached.is_file():
-                on_event(PhaseEvent(f"sentencepiece model ({side}) from the cache: {cached}"))
-                model_bytes = cached.read_bytes()
-                Tokenizer(model_bytes, str(cached))  # refuses a damaged file before it is copied
-                atomic_write_pair((model_path, model_bytes), (Path(f"{prefix}.vocab"), cached.with_suffix(".vocab").read_bytes()))
-            else:
-                on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
-                                    f"sentencepiece model ({side}) -> {model_path}"))
-                train_sentencepiece(inputs, prefix, train_settings, on_sample=report_sample,
-                                    skip_invalid_utf8=recipe.data.invalid_utf8 == "skip", line_counts=line_counts)
-                make_folder(cache_dir, "cache folder")
-                atomic_write_pair((cached, model_path.read_bytes()), (cached.with_suffix(".vocab"), Path(f"{prefix}.vocab").read_bytes()))
+            make_folder(cache_dir, "cache folder")
+            waiting = (lambda holder, side=side: on_event(PhaseEvent(
+                f"waiting for another process that is training the same sentencepiece model ({side}) in {cache_dir} "
+                f"({holder})")))
+            with exclusive_lock(cached.with_suffix(".lock"), waiting, should_stop):
+                if cached.is_file():
+                    on_event(PhaseEvent(f"sentencepiece model ({side}) from the cache: {cached}"))
+                    model_bytes = cached.read_bytes()
+                    Tokenizer(model_bytes, str(cached))  # refuses a damaged file before it is copied
+                    vocab = cached.with_suffix(".vocab").read_bytes()
+                    atomic_write_pair((model_path, model_bytes), (Path(f"{prefix}.vocab"), vocab))
+                else:
+                    on_event(PhaseEvent(f"training a {train_settings.vocab_size}-piece {train_settings.model_type} "
+                                        f"sentencepiece model ({side}) -> {model_path}"))
+                    train_sentencepiece(inputs, prefix, train_settings, on_sample=report_sample,
+                                        skip_invalid_utf8=recipe.data.invalid_utf8 == "skip", line_counts=line_counts)
+                    vocab = Path(f"{prefix}.vocab").read_bytes()
+                    atomic_write_pair((cached, model_path.read_bytes()), (cached.with_suffix(".vocab"), vocab))
         loaded[side] = Tokenizer.from_file(model_path)
     if settings.joint:
         return loaded["joint"], loaded["joint"]
@@ -171,7 +181,7 @@ def prepare_data(
         src_tokenizer, tgt_tokenizer = init.src_tokenizer, init.tgt_tokenizer
         model_config = init.model_config(recipe.model)
     else:
-        src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, on_event)
+        src_tokenizer, tgt_tokenizer = prepare_tokenizers(recipe, run_dir, resume, on_event, should_stop)
         if recipe.model.share_embeddings and src_tokenizer.model_bytes != tgt_tokenizer.model_bytes:
             raise TfmError(
                 "model.share_embeddings needs one joint sentencepiece model for both sides "
