@@ -1,13 +1,15 @@
-"""`--help` of every command: on/off options are listed as bare flags, never as `--flag <bool>`."""
+"""`--help` of every command: on/off options are listed as bare flags, never as `--flag <bool>`; brackets
+survive rich's markup; every extra users are told to install exists."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 
 import pytest
 import typer
 
-from conftest import run_cli
+from conftest import REPO_ROOT, run_cli
 from tfm_cli.cli import app
 
 
@@ -57,3 +59,47 @@ def test_every_command_was_found():
     names = {" ".join(path) for path, _ in COMMANDS}
     assert {"tokenize train", "tokenize encode", "tokenize decode", "train", "average", "translate", "score",
             "inspect-attention"} <= names
+
+
+# What rich (which renders --help) takes for a markup tag, as rich.markup does: a `[` then a letter,
+# `#`, `/` or `@`, up to the next `]`. A bare tag is dropped from the output ('tfm-cli[bench]' became
+# 'tfm-cli'); written `\[` it shows as text.
+MARKUP_TAG = re.compile(r"\\*\[[A-Za-z#/@][^\[\]]*\]")
+
+
+def help_sources(command) -> list[str]:
+    """The texts `command --help` renders as written: its help, its epilog and its parameters' help."""
+    texts = [command.help, command.epilog, *(getattr(param, "help", None) for param in command.params)]
+    return [text for text in texts if text]
+
+
+@pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) or "tfm" for p, _ in COMMANDS])
+def test_bracketed_words_survive_the_rendering(path, command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    result = run_cli([*path, "--help"])
+    assert result.exit_code == 0, result.stderr
+    shown = " ".join(result.stdout.replace("│", " ").split())  # the words, whatever the wrapping and boxes
+    for text in help_sources(command):
+        for word in text.split():
+            if MARKUP_TAG.search(word):
+                assert word.replace("\\[", "[") in shown, f"{word!r} is not shown as written"
+
+
+EXTRA = re.compile(r"pip install[^\n`]*?'(?:tfm-cli|\.)\\*\[([\w,-]+)\]'")
+
+
+def test_every_extra_users_are_told_to_install_exists():
+    # Messages, help texts, the README and CI name extras by hand: each must be one pyproject.toml declares.
+    extras = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    files = [*sorted((REPO_ROOT / "tfm_cli").rglob("*.py")), REPO_ROOT / "README.md", REPO_ROOT / ".ci" / "run"]
+    named = {(path.name, name) for path in files for group in EXTRA.findall(path.read_text()) for name in group.split(",")}
+    assert {name for _, name in named} >= {"ctranslate2", "plot", "hub", "test", "bench"}  # the pattern finds them
+    assert not [(file, name) for file, name in named if name not in extras]
+
+
+def test_ctranslate2_export_needs_only_the_ctranslate2_extra():
+    # Named after what users get: `--to ctranslate2` does not pull in transformers (the `bench` extra).
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [requirement.split(">=")[0] for requirement in extras["ctranslate2"]] == ["ctranslate2"]
+    result = run_cli(["export", "--help"])
+    assert "pip install 'tfm-cli[ctranslate2]'" in " ".join(result.stdout.replace("│", " ").split())

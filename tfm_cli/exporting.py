@@ -303,7 +303,7 @@ def write_ctranslate2(checkpoint: Checkpoint, src, tgt, folder: Path, quantizati
     try:
         from ctranslate2.converters import Converter
     except ImportError:
-        raise TfmError("--to ctranslate2 needs the ctranslate2 package: pip install 'tfm-cli[bench]'") from None
+        raise TfmError("--to ctranslate2 needs the ctranslate2 package: pip install 'tfm-cli[ctranslate2]'") from None
     if quantization not in QUANTIZATIONS:
         raise TfmError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     spec = ctranslate2_spec(checkpoint, src, tgt)

@@ -8,13 +8,14 @@ import typer
 
 from tfm_cli.console import print_info
 
+# rich renders --help and takes a bare [name] for markup (dropping it): brackets are written \\[.
 EPILOG = (
     "Examples:\n\n"
     "  tfm export -m runs/de-en/average.safetensors --to marian de-en-marian\n\n"
     "  tfm export -m runs/de-en/average.safetensors --to ctranslate2 --quantization int8 de-en-ct2\n\n"
     "  python -c \"import ctranslate2; print(ctranslate2.Translator('de-en-ct2').translate_batch([['▁Ein', '▁Hund', '</s>']]))\"\n\n"
     "--to marian needs nothing beyond tfm (transformers' MarianMTModel and MarianTokenizer load the "
-    "folder); --to ctranslate2 needs the ctranslate2 package: pip install 'tfm-cli[bench]'. "
+    "folder); --to ctranslate2 needs the ctranslate2 package: pip install 'tfm-cli\\[ctranslate2]'. "
     "The folder is written whole or not at all, and must be new or empty."
 )
 

@@ -19,6 +19,7 @@ from tfm_cli.commands.options import (
 from tfm_cli.console import print_info, print_warning, stderr_console
 from tfm_cli.errors import TfmError
 
+# rich renders --help and takes a bare [name] for markup (dropping it): brackets are written \\[.
 EPILOG = (
     "Examples:\n\n"
     "  cat test.de | tfm translate -m model.safetensors > hyp.en\n\n"
@@ -26,7 +27,7 @@ EPILOG = (
     "  echo 'Ein Hund rennt.' | tfm translate -m model.safetensors --alignment --align-head mean --json\n\n"
     "  echo 'A dog runs.' | tfm translate -m opus-mt-en-roa.safetensors --target-lang fra\n\n"
     "A checkpoint may carry its own defaults for --beam, --length-penalty and the length limit (the "
-    "[decode] section of the recipe it was trained with, or an imported model's generation config); "
+    "\\[decode] section of the recipe it was trained with, or an imported model's generation config); "
     "flags given here override them, and stderr says which settings were used.\n\n"
     "Scores are natural-log probabilities: the sum over the output tokens, EOS included, divided by "
     "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
