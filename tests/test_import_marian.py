@@ -429,6 +429,9 @@ REFUSALS = {
     "different head counts": (break_config(decoder_attention_heads=4), "decoder_attention_heads=4"),
     "more layers than tensors": (break_config(encoder_layers=3), "model.encoder.layers.2"),
     "sampling generation": (lambda folder: edit_json(folder / "generation_config.json", do_sample=True), "do_sample=true"),
+    "renormalized scores": (
+        lambda folder: edit_json(folder / "generation_config.json", renormalize_logits=True), "renormalize_logits=true"
+    ),
     "tied copy differs": (lambda folder: edit_weights(folder, differing_tied_copy), "differs from 'model.shared.weight'"),
     "an extra tensor": (lambda folder: edit_weights(folder, lambda t: t.update(extra=torch.zeros(2))), "'extra'"),
     "learned positions": (

@@ -55,6 +55,9 @@ NEUTRAL_GENERATION = {
     "forced_bos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
+    # generate then takes log_softmax again after banning bad_words_ids (and every other change to the
+    # scores); tfm's scores are the model's log-probs over the whole vocabulary, banned tokens included.
+    "renormalize_logits": False,
 }
 
 
