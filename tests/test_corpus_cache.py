@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-from tfm_cli.cache_folder import MANIFEST
-from tfm_cli.corpus_cache import ARRAYS, FilterSettings, prepare_corpus
+from tfm_cli.corpus_cache import ARRAYS, MANIFEST, FilterSettings, prepare_corpus
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.tokenizer import Tokenizer
@@ -420,8 +419,20 @@ def test_a_training_run_starting_on_a_shared_cache_keeps_folders_it_did_not_make
     cache = tmp_path / "shared"
     (cache / ".tmp-notes").mkdir(parents=True)
     (cache / ".tmp-notes" / "plan.txt").write_text("do not delete")
-    settings = letter_settings(letters, **{"train.max_steps": 1, "data.cache_dir": cache})
-    result = run_cli(["train", REPO_ROOT / "recipes" / "tiny.toml", "--run", tmp_path / "run", "--threads", "1",
-                      *settings])
+    # A preparation running on another host (or container): its PID means nothing here, its lock is held.
+    live = cache / ".tmp-train-0123456789abcdef0123-99999999"
+    live.mkdir()
+    marker = {"tool": "tfm", "lock": "train-0123456789ab.lock", "host": "elsewhere", "pid": 99999999,
+              "since": "2026-12-01 00:00:00"}
+    (live / "tfm-temp.json").write_text(json.dumps(marker))
+    (live / "src.tokens").write_bytes(b"half-written")
+    holder = hold_lock(cache / "train-0123456789ab.lock")
+    try:
+        settings = letter_settings(letters, **{"train.max_steps": 1, "data.cache_dir": cache})
+        result = run_cli(["train", REPO_ROOT / "recipes" / "tiny.toml", "--run", tmp_path / "run", "--threads", "1",
+                          *settings])
+    finally:
+        holder.communicate("")
     assert result.exit_code == 0, result.stderr
     assert (cache / ".tmp-notes" / "plan.txt").read_text() == "do not delete"
+    assert (live / "src.tokens").read_bytes() == b"half-written"
