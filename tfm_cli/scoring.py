@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfm_cli.errors import TfmError
+from tfm_cli.textio import INPUT_PAUSE_S, read_chunks
 
 if TYPE_CHECKING:
     import torch
@@ -280,18 +281,16 @@ def score_text_pairs(
     alpha: float = 0.6,
     batch_size: int = 32,
     window_batches: int = 8,
-    pause_s: float = 0.05,
+    pause_s: float = INPUT_PAUSE_S,
 ) -> Iterator[SentenceScore]:
     """Score (source, target) text pairs lazily, yielding one SentenceScore per pair in input order.
 
-    Pairs are read in a thread (translation.read_chunks, as translate does) in windows of at most
+    Pairs are read in a thread (textio.read_chunks, as translate does) in windows of at most
     `batch_size * window_batches`; a window also ends when the input pauses `pause_s` seconds, so
     an interactive pipe gets its scores at once. Each window is sorted by length so batches carry
     little padding, scored in batches of `batch_size`, and yielded in input order: memory stays
     bounded and results stream. `alpha` is the GNMT exponent of SentenceScore.length_normalized.
     """
-    from tfm_cli.translation import read_chunks
-
     if batch_size < 1:
         raise TfmError(f"batch size must be at least 1, got {batch_size}")
     line = 0

@@ -10,14 +10,16 @@ import contextlib
 import hashlib
 import io
 import os
+import queue
 import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from tfm_cli.errors import TfmError
 
@@ -87,9 +89,12 @@ def iter_lines(
     With `strict_utf8`, invalid UTF-8 raises TfmError naming the file and line number; otherwise
     bad bytes become U+FFFD and each repaired line is counted in `stats`. Lines are yielded as soon
     as they arrive, so this works in interactive pipes. `stream`, if given, is read instead of
-    opening `path` (which still names it in messages).
+    opening `path` (which still names it in messages). Read in a thread (read_chunks), stdin is
+    read through a reader of its own (thread_stdin).
     """
     name = "<stdin>" if path == STDIO else path
+    if stream is None and path == STDIO and threading.current_thread() is not threading.main_thread():
+        stream = thread_stdin()
     stream = open_binary_input(path) if stream is None else stream
     try:
         for number, raw in enumerate(iter(stream.readline, b""), start=1):
@@ -123,6 +128,66 @@ def thread_stdin() -> IO[bytes] | None:
     except (AttributeError, OSError, ValueError):
         return None
     return io.BufferedReader(io.FileIO(fd, "rb", closefd=False))
+
+
+# An input pause this long answers what was read so far: a person typing, or a pipeline's producer
+# that is slower than tfm, gets each answer before tfm waits for the next line.
+INPUT_PAUSE_S = 0.05
+_END_OF_INPUT = object()
+Item = TypeVar("Item")
+
+
+def read_chunks(items: Iterable[Item], size: int, pause_s: float = INPUT_PAUSE_S) -> Iterator[list[Item]]:
+    """Yield lists of at most `size` items (lines, line pairs): each ends when full or at an input pause.
+
+    The one reader of line input for every command that answers line by line (translate, score -m,
+    tokenize encode/decode, inspect-attention): a thread pulls `items` (iter_lines) into a bounded
+    queue, so a huge file is never held whole, and whatever arrived before a pause of `pause_s` is
+    handed out before the next read blocks. Callers write a chunk's answers and flush before asking
+    for the next, so an interactive pipe gets every answer while its input stays open. An error
+    raised while reading (in the thread) is raised here, after the items read before it.
+    """
+    # SimpleQueue's put and get are C code; queue.Queue takes Python-level locks per item, a cost of
+    # the order of sentencepiece encoding a line. The bound is kept with one credit per `size` items
+    # instead: the reader runs at most 2 * size items ahead of the chunks handed out.
+    pending: queue.SimpleQueue = queue.SimpleQueue()
+    credits = threading.Semaphore(1)
+
+    def reader() -> None:
+        try:
+            for count, item in enumerate(items, start=1):
+                pending.put(item)
+                if count % size == 0:
+                    credits.acquire()
+            pending.put(_END_OF_INPUT)
+        except BaseException as error:  # handed to the consumer, which raises it in the main thread
+            pending.put(error)
+
+    threading.Thread(target=reader, name="tfm-line-reader", daemon=True).start()
+    chunk: list[Item] = []
+    taken = 0
+    while True:
+        try:
+            item = pending.get(timeout=pause_s) if chunk else pending.get()
+        except queue.Empty:
+            yield chunk
+            chunk = []
+            continue
+        if item is _END_OF_INPUT:
+            break
+        if isinstance(item, BaseException):
+            if chunk:
+                yield chunk  # the lines before a bad one are answered first
+            raise item
+        taken += 1
+        if taken % size == 0:
+            credits.release()
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def file_sha256(path: Path) -> str:

@@ -10,8 +10,6 @@ translation independent of the batch it lands in. Validation during training dec
 from __future__ import annotations
 
 import json
-import queue
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from tfm_cli.decoding import TransformerDecoder, padded_length, source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.search import Hypothesis, search_beams, search_samples
-from tfm_cli.textio import one_line
+from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
 
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
@@ -44,7 +42,7 @@ class BatchingConfig:
     buffer_size: int = 2000  # lines read (and held) at a time
     max_tokens: int = 8000  # source tokens (EOS included) per batch
     batch_size: int = 128  # sentences per batch
-    pause_s: float = 0.05  # an input pause this long answers the lines read so far
+    pause_s: float = INPUT_PAUSE_S  # an input pause this long answers the lines read so far
 
     def __post_init__(self) -> None:
         for name in ("buffer_size", "max_tokens", "batch_size"):
@@ -264,47 +262,6 @@ def search_batches(
             else:
                 hypotheses = search_beams(decoder, decode)
         yield batch, hypotheses
-
-
-END_OF_INPUT = object()
-
-
-def read_chunks(lines: Iterable[str], size: int, pause_s: float) -> Iterator[list[str]]:
-    """Yield lists of at most `size` lines: a chunk ends when full, or when input pauses `pause_s`.
-
-    A reader thread pulls `lines` into a bounded queue, so an interactive pipe gets its answers
-    as soon as it stops typing, and a huge file is never held in memory. Errors raised while
-    reading (in the thread) are re-raised here.
-    """
-    pending: queue.Queue = queue.Queue(maxsize=size)
-
-    def reader() -> None:
-        try:
-            for line in lines:
-                pending.put(line)
-            pending.put(END_OF_INPUT)
-        except BaseException as error:  # handed to the consumer, which raises it in the main thread
-            pending.put(error)
-
-    threading.Thread(target=reader, name="tfm-translate-reader", daemon=True).start()
-    chunk: list[str] = []
-    while True:
-        try:
-            item = pending.get(timeout=pause_s) if chunk else pending.get()
-        except queue.Empty:
-            yield chunk
-            chunk = []
-            continue
-        if item is END_OF_INPUT:
-            break
-        if isinstance(item, BaseException):
-            raise item
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def translate_stream(

@@ -175,7 +175,7 @@ def score_with_model(
     from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
     from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
-    from tfm_cli.textio import iter_lines, open_output, thread_stdin
+    from tfm_cli.textio import iter_lines, open_output
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
@@ -187,9 +187,9 @@ def score_with_model(
     loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     if ctx.get_parameter_source("alpha").name == "DEFAULT" and "length_penalty" in loaded.decode_defaults:
         alpha = loaded.decode_defaults["length_penalty"]  # the model's own, as translate uses it
-    # The pairs are read in a thread (scoring.score_text_pairs), which must not touch sys.stdin.buffer.
-    src_lines = iter_lines(src, stream=thread_stdin() if src == "-" else None)
-    tgt_lines = iter_lines(tgt, stream=thread_stdin() if tgt == "-" else None)
+    # Read lazily, in a thread (scoring.score_text_pairs): each window is scored and written before
+    # the next read blocks, so `--tgt -` may be an interactive pipe.
+    src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
     pairs = zip_parallel(src_lines, tgt_lines, "<stdin>" if src == "-" else src, "<stdin>" if tgt == "-" else tgt)
     targets: deque[str] = deque()  # the targets read so far and not yet written, for the JSON pieces
     if as_json:
