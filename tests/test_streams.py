@@ -6,6 +6,7 @@ devices and FIFOs in place (never renaming a file over them). A write error is o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -179,3 +180,97 @@ def test_a_symbolic_link_loop_is_named(tmp_path, small_spm, random_checkpoint, c
     result = run_cli(args, input="a b\n")
     assert result.exit_code == 1 and result.stderr.count("error:") == 1, result.stderr
     assert f"{loop}: a symbolic link" in result.stderr and "loop" in result.stderr
+
+
+# -o through links to what is not a regular file: written in place, whatever the chain of links
+# (/proc/self/fd/N names a pipe `pipe:[1234]`, which no path resolves to: no temp file can go beside it).
+OUTPUT_COMMANDS = {
+    "tokenize": "tokenize encode -m {spm} -o {output}",
+    "translate": "translate -m {model} -b 1 --max-len-a 0 --max-len-b 3 -o {output}",
+}
+
+
+def run_with_output(command: str, output: Path, small_spm, random_checkpoint):
+    args = OUTPUT_COMMANDS[command].format(spm=small_spm, model=random_checkpoint, output=output).split()
+    return run_cli(args, input=TEXT)
+
+
+def linked(tmp_path: Path, target: Path | str, links: int) -> Path:
+    """A chain of `links` symbolic links ending at `target`; returns the first link."""
+    for number in range(links, 0, -1):
+        link = tmp_path / f"link{number}.txt"
+        link.symlink_to(target)
+        target = link
+    return link
+
+
+@pytest.mark.parametrize("links", [1, 2])
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_link_to_a_fifo_is_written_in_place(tmp_path, small_spm, random_checkpoint, command, links):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        result = run_with_output(command, linked(tmp_path, fifo, links), small_spm, random_checkpoint)
+    finally:
+        with contextlib.suppress(OSError):  # if tfm never opened the FIFO, the reader still waits for a writer
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+    assert result.exit_code == 0, result.stderr
+    assert received and received[0].count(b"\n") == 2
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.fifo", *(f"link{n}.txt" for n in range(1, links + 1))])
+
+
+@pytest.mark.parametrize("links", [1, 2])
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_link_to_dev_null_is_written_in_place(tmp_path, small_spm, random_checkpoint, command, links):
+    result = run_with_output(command, linked(tmp_path, Path(os.devnull), links), small_spm, random_checkpoint)
+    assert result.exit_code == 0, result.stderr
+    assert all(p.is_symlink() for p in tmp_path.iterdir())  # no temp file, no file renamed over a link
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="no /proc/self/fd on this system")
+@pytest.mark.parametrize("links", [0, 1, 2])
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_a_link_to_a_pipe_in_proc_self_fd_is_written_in_place(tmp_path, small_spm, random_checkpoint, command, links):
+    read_end, write_end = os.pipe()
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(os.fdopen(read_end, "rb").read()), daemon=True)
+    reader.start()
+    try:
+        fd_path = Path(f"/proc/self/fd/{write_end}")  # this process's own: run_cli runs tfm in-process
+        result = run_with_output(command, linked(tmp_path, fd_path, links) if links else fd_path, small_spm,
+                                 random_checkpoint)
+    finally:
+        os.close(write_end)
+        reader.join()
+    assert result.exit_code == 0, result.stderr
+    assert received[0].count(b"\n") == 2
+    assert all(p.is_symlink() for p in tmp_path.iterdir())
+
+
+def test_a_link_to_proc_self_fd_1_writes_to_stdout(tmp_path, random_checkpoint):
+    # What a process supervisor or a script does: -o names a link to the process's own stdout, a pipe.
+    link = linked(tmp_path, "/proc/self/fd/1", 1)
+    process = subprocess.run(
+        [sys.executable, "-m", "tfm_cli", *OUTPUT_COMMANDS["translate"].format(model=random_checkpoint, output=link).split()],
+        input=TEXT.encode(), capture_output=True, timeout=120,
+    )
+    assert process.returncode == 0, process.stderr.decode()
+    assert process.stdout.decode().count("\n") == 2 and "error" not in process.stderr.decode()
+
+
+def test_a_chain_of_links_to_a_regular_file_replaces_the_file_and_keeps_the_links(tmp_path, small_spm, random_checkpoint):
+    real = tmp_path / "real.txt"
+    real.write_text("old\n")
+    inode = real.stat().st_ino
+    first = linked(tmp_path, real, 2)
+    result = run_with_output("translate", first, small_spm, random_checkpoint)
+    assert result.exit_code == 0, result.stderr
+    assert os.readlink(first) == str(tmp_path / "link2.txt") and os.readlink(tmp_path / "link2.txt") == str(real)
+    assert real.read_text().count("\n") == 2 and "old" not in real.read_text()
+    assert real.stat().st_ino != inode  # replaced by a rename, not rewritten in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link1.txt", "link2.txt", "real.txt"]

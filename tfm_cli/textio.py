@@ -13,6 +13,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -307,19 +308,26 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     A regular file (or a path not there yet) is written to a temp file in the same folder, fsynced,
     then renamed onto `path`: a crash at any moment leaves either the old file or the new one,
     never a partial file, and if the block raises (bad input, Ctrl-C) the temp file is removed and
-    `path` is left as it was. A symbolic link is followed: the file it points to is replaced, the
-    link stays. A device, FIFO or socket (/dev/null, /dev/stdout, a named pipe) is written in place:
-    renaming a file onto it would replace the device itself.
+    `path` is left as it was. A symbolic link (or a chain of them) is followed: the file it points
+    to is replaced, the links stay. Anything that is not a regular file, directly or through links
+    (/dev/null, a named pipe, a terminal, /dev/stdout or /proc/self/fd/N on a pipe), is written in
+    place: renaming a file onto it would replace the device itself, or fail. What `path` is, is asked
+    of the kernel (stat follows every link), not worked out from the links' text: /dev/stdout on a
+    pipe reads `pipe:[1234]`, a name no path resolves to.
     """
     path = Path(path)
-    if path.is_symlink():
-        path = resolved(path)
-    if path.is_dir():
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except OSError:  # a new path, a dangling link, a loop (named below), a folder missing or in the way
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         raise TfmError(f"{path}: is a directory, expected an output file path")
-    if path.exists() and not path.is_file():
+    if mode is not None and not stat.S_ISREG(mode):
         with open(path, "w", encoding="utf-8", newline="\n") if text else open(path, "wb") as stream:
             yield stream
         return
+    if path.is_symlink():
+        path = resolved(path)  # to a regular file, or dangling: the file it names is (re)placed
     fd, tmp_name = temp_file_beside(path)
     try:
         with io.open(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb") as stream:
