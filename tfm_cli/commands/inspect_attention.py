@@ -114,6 +114,7 @@ def inspect_attention(
                 print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
             for example in examples:
                 render_model_walkthrough(loaded, example, kind, layer, head_index or 0, output_format, dims, out)
+                out.flush()  # each sentence is answered before the next is read (see read_pairs)
             return
         count = 0
         for example in examples:
@@ -131,7 +132,7 @@ def inspect_attention(
             else:
                 title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
                 print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
-            out.flush()
+            out.flush()  # each sentence is answered before the next is read (see read_pairs)
 
 
 def check_png(path: str, walkthrough: bool) -> None:
@@ -171,32 +172,76 @@ def import_pyplot():
 def read_pairs(
     sentence: str | None, input: str, target: str | None, target_file: str | None, one: bool
 ) -> Iterator[tuple[str, str | None]]:
-    """(source, forced target or None) per sentence, checked for what can be checked before output starts.
+    """(source, forced target or None) per sentence, read as the lines arrive.
 
-    The input (and --target-file) is read whole first, so that invalid UTF-8 or a line-count
-    mismatch is an error before any result is printed; `one` (for --png) requires exactly one sentence.
+    The lines are read through textio.read_chunks, as translate reads them: each sentence is
+    answered before the next read blocks, so the input may be an interactive pipe. Regular files
+    are checked first (check_files), so that their invalid UTF-8 or a --target-file of another
+    length is an error before any result is printed; from a pipe such a problem is an error where
+    it is found (an -o FILE is then not written). `one` (for --png) requires exactly one sentence.
     """
-    from tfm_cli.textio import read_lines
+    from tfm_cli.scoring import zip_parallel
+    from tfm_cli.textio import (
+        STDIO,
+        check_input_file,
+        iter_lines,
+        read_chunks,
+        read_lines,
+    )
 
     if target is not None and sentence is None:
         raise TfmError("--target forces the translation of one SENTENCE; for many lines use --target-file")
     if target is not None and target_file is not None:
         raise TfmError("give --target or --target-file, not both")
     if sentence is not None:
-        if input != "-":
+        if input != STDIO:
             raise TfmError("give a SENTENCE or --input FILE, not both")
         return iter([(sentence, target)])
-    sources = read_lines(input)
-    if one and len(sources) != 1:
-        raise TfmError(f"--png saves one image: give one sentence (SENTENCE or a one-line input), not {len(sources)}")
+    if input == STDIO and target_file == STDIO:
+        raise TfmError("the input and --target-file cannot both be stdin")
+    for path, what in ((input, "input"), (target_file, "--target-file")):
+        if path is not None and path != STDIO:
+            check_input_file(path, what)  # before the model is loaded
+    check_files(input, target_file)
+    if one:
+        sources = read_lines(input)
+        if len(sources) != 1:
+            raise TfmError(f"--png saves one image: give one sentence (SENTENCE or a one-line input), not {len(sources)}")
+        targets = [None] if target_file is None else read_lines(target_file)
+        if len(targets) != 1:
+            raise TfmError(f"--target-file has {len(targets)} lines but the input has 1; they must be line-parallel")
+        return iter(zip(sources, targets))
     if target_file is None:
-        return iter([(source, None) for source in sources])
-    targets = read_lines(target_file)
-    if len(targets) != len(sources):
-        raise TfmError(
-            f"--target-file has {len(targets)} lines but the input has {len(sources)}; they must be line-parallel"
-        )
-    return iter(zip(sources, targets))
+        pairs = ((source, None) for source in iter_lines(input))
+    else:
+        pairs = zip_parallel(iter_lines(input), iter_lines(target_file), stdin_name(input), stdin_name(target_file))
+    return (pair for chunk in read_chunks(pairs, PAIRS_PER_READ) for pair in chunk)
+
+
+# Sentences per read (textio.read_chunks): the reader keeps at most a few reads ahead of the inspection.
+PAIRS_PER_READ = 64
+
+
+def check_files(input: str, target_file: str | None) -> None:
+    """Read the inputs that are regular files once: TfmError for invalid UTF-8 or unequal line counts.
+
+    A pipe cannot be read twice, and its lines are answered as they come (read_pairs).
+    """
+    from tfm_cli.textio import STDIO, iter_lines
+
+    def lines_in(path: str | None) -> int | None:
+        if path is None or path == STDIO or not Path(path).is_file():
+            return None
+        return sum(1 for _ in iter_lines(path))
+
+    sources, targets = lines_in(input), lines_in(target_file)
+    if sources is not None and targets is not None and sources != targets:
+        raise TfmError(f"--target-file has {targets} lines but the input has {sources}; they must be line-parallel")
+
+
+def stdin_name(path: str) -> str:
+    """How messages name an input path: `<stdin>` for `-`."""
+    return "<stdin>" if path == "-" else path
 
 
 def make_examples(

@@ -52,6 +52,10 @@ DECODE_EPILOG = (
     "become UTF-8 byte pieces)."
 )
 
+# encode and decode read lines in chunks of at most this many (textio.read_chunks): whatever arrived
+# before an input pause is answered at once, and a file is written a chunk per write.
+CHUNK_LINES = 1000
+
 MODEL_HELP = "A sentencepiece .model from `tfm tokenize train`, or a tfm checkpoint (.safetensors)."
 SIDE_HELP = "With a checkpoint: which side's tokenizer to use (src or tgt)."
 
@@ -156,16 +160,14 @@ def encode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Split raw text into pieces (or ids), line for line; empty lines stay empty."""
-    from tfm_cli.textio import iter_lines, one_line, open_output
+    from tfm_cli.textio import iter_lines, one_line, open_output, read_chunks
 
     tokenizer = load_tokenizer(model, side)
-    interactive = input == "-"
+    encode_line = tokenizer.encode_ids if ids else tokenizer.encode_pieces
     with open_output(output) as out:
-        for line in iter_lines(input):
-            tokens = tokenizer.encode_ids(line) if ids else tokenizer.encode_pieces(line)
-            out.write(one_line(" ".join(map(str, tokens))) + "\n")
-            if interactive:
-                out.flush()
+        for chunk in read_chunks(iter_lines(input), CHUNK_LINES):
+            out.write("".join(one_line(" ".join(map(str, encode_line(line)))) + "\n" for line in chunk))
+            out.flush()  # answered before the next read blocks (see textio.read_chunks)
 
 
 @app.command("decode", epilog=DECODE_EPILOG, cls=TfmCommand)
@@ -177,22 +179,24 @@ def decode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Join pieces (or ids) back into text, line for line: pieces invert encode exactly, ids only without <unk>."""
-    from tfm_cli.textio import iter_lines, one_line, open_output
+    from tfm_cli.textio import iter_lines, one_line, open_output, read_chunks
 
     tokenizer = load_tokenizer(model, side)
     name = "<stdin>" if input == "-" else input
-    interactive = input == "-"
+    number = 0
     with open_output(output) as out:
-        for number, line in enumerate(iter_lines(input), start=1):
-            # Pieces never contain a plain space (sentencepiece writes it as U+2581), so split on ' ' only.
-            tokens = line.split(" ") if line else []
-            if ids:
-                text = tokenizer.decode_ids(parse_ids(tokens, tokenizer.vocab_size, name, number))
-            else:
-                text = tokenizer.decode_pieces(tokens)
-            out.write(one_line(text) + "\n")
-            if interactive:
-                out.flush()
+        for chunk in read_chunks(iter_lines(input), CHUNK_LINES):
+            texts = []
+            for line in chunk:
+                number += 1
+                # Pieces never contain a plain space (sentencepiece writes it as U+2581), so split on ' ' only.
+                tokens = line.split(" ") if line else []
+                if ids:
+                    texts.append(tokenizer.decode_ids(parse_ids(tokens, tokenizer.vocab_size, name, number)))
+                else:
+                    texts.append(tokenizer.decode_pieces(tokens))
+            out.write("".join(one_line(text) + "\n" for text in texts))
+            out.flush()  # answered before the next read blocks (see textio.read_chunks)
 
 
 def parse_ids(tokens: list[str], vocab_size: int, name: str, number: int) -> list[int]:
