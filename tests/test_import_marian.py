@@ -429,9 +429,6 @@ REFUSALS = {
     "different head counts": (break_config(decoder_attention_heads=4), "decoder_attention_heads=4"),
     "more layers than tensors": (break_config(encoder_layers=3), "model.encoder.layers.2"),
     "sampling generation": (lambda folder: edit_json(folder / "generation_config.json", do_sample=True), "do_sample=true"),
-    "renormalized scores": (
-        lambda folder: edit_json(folder / "generation_config.json", renormalize_logits=True), "renormalize_logits=true"
-    ),
     "tied copy differs": (lambda folder: edit_weights(folder, differing_tied_copy), "differs from 'model.shared.weight'"),
     "an extra tensor": (lambda folder: edit_weights(folder, lambda t: t.update(extra=torch.zeros(2))), "'extra'"),
     "learned positions": (
@@ -527,3 +524,57 @@ def test_legacy_config_fields_and_generation_settings_in_config_json(good_folder
     assert read_checkpoint(checkpoint).decode_defaults == {
         "beam_size": 6, "max_len_a": 0.0, "max_len_b": 38, "banned_ids": (pad_id,)
     }
+
+
+def test_renormalized_scores_equal_generates(tmp_path, synthetic):
+    # renormalize_logits: generate takes log_softmax again after banning bad_words_ids (padding, whose
+    # zero row in Marian's converted embeddings gives it a logit of 0): tfm's scores must follow.
+    from transformers import LogitNormalization, MarianMTModel, MarianTokenizer, NoBadWordsLogitsProcessor
+
+    variant = Variant("renormalized", generation={"renormalize_logits": True})
+    folder = build_marian_folder(tmp_path / "hf", synthetic, variant)
+    checkpoint = tmp_path / "model.safetensors"
+    assert run_cli(["import", folder, "-o", checkpoint, "-q"]).exit_code == 0
+    model, tokenizer = MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder)
+    sources = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[:N_SENTENCES]
+    imported = Imported(variant, folder, checkpoint, model, tokenizer, sources, [])
+    max_new_tokens = 10
+    records = tfm_translate(imported, tmp_path, "-b", "1", "--max-len-a", "0", "--max-len-b", str(max_new_tokens - 1))
+    inputs = tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**inputs, num_beams=1, max_new_tokens=max_new_tokens, output_scores=True,
+                             return_dict_in_generate=True)
+    steps = model.compute_transition_scores(out.sequences, out.scores)  # (N, steps): generate's processed scores
+    start, pad_id = model.config.decoder_start_token_id, model.config.pad_token_id
+    renormalize = [NoBadWordsLogitsProcessor([[pad_id]], eos_token_id=0), LogitNormalization()]
+    for record, source, row, generated in zip(records, sources, out.sequences.tolist(), steps.tolist()):
+        ids = [i for i in row[1:] if i != pad_id]
+        ids = ids if ids[-1] == 0 else ids + [0]
+        assert record["tokens"] == tokenizer.convert_ids_to_tokens(ids[:-1])
+        decoder_input = torch.tensor([[start] + ids[:-1]])
+        with torch.no_grad():
+            scores = torch.log_softmax(model(**tokenizer([source], return_tensors="pt"), decoder_input_ids=decoder_input).logits[0], -1)
+        for processor in renormalize:  # one position at a time, as generate applies them
+            scores = torch.stack([processor(decoder_input[:, : t + 1], scores[t : t + 1])[0] for t in range(len(ids))])
+        token_scores = scores.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        # generate's own scores, but where it forces EOS at its length limit (a score of 0; tfm keeps EOS's own).
+        closed = len(ids) == max_new_tokens
+        for got, expected in zip(token_scores[: len(ids) - closed], generated):
+            assert abs(got - expected) <= TOLERANCE
+        assert abs(record["raw_score"] - sum(token_scores)) <= TOLERANCE
+        assert abs(record["raw_score"] - sum(hf_token_log_probs(imported, source, ids))) > 10 * TOLERANCE
+    # score -m renormalises too: forced decoding of the reference targets, against the same processors.
+    targets = synthetic["test.tgt"].read_text(encoding="utf-8").splitlines()[:N_SENTENCES]
+    scored = run_cli(["score", "-m", checkpoint, "--src", write_lines(tmp_path / "src.txt", sources),
+                      "--tgt", write_lines(tmp_path / "tgt.txt", targets), "--normalize", "none", "--json"])
+    assert scored.exit_code == 0, scored.stderr
+    for line, source, target in zip(scored.stdout.splitlines(), sources, targets):
+        ids = tokenizer(text_target=[target]).input_ids[0]  # the target's ids, EOS last
+        decoder_input = torch.tensor([[start] + ids[:-1]])
+        with torch.no_grad():
+            scores = torch.log_softmax(model(**tokenizer([source], return_tensors="pt"), decoder_input_ids=decoder_input).logits[0], -1)
+        for processor in renormalize:
+            scores = torch.stack([processor(decoder_input[:, : t + 1], scores[t : t + 1])[0] for t in range(len(ids))])
+        expected = float(scores.gather(1, torch.tensor(ids)[:, None])[:, 0].double().sum())
+        assert abs(json.loads(line)["raw"] - expected) <= TOLERANCE
+        assert abs(expected - sum(hf_token_log_probs(imported, source, ids))) > 10 * TOLERANCE  # it matters

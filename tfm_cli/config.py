@@ -187,6 +187,9 @@ class DecodeConfig:
     no_unk: bool = False  # never generate the unknown-word token (padding and BOS never are)
     # Further target ids never generated (an imported model's bad_words_ids), besides padding and BOS.
     banned_ids: tuple[int, ...] = ()
+    # Scores renormalised over the tokens that may be generated (log_softmax again after the bans, as
+    # an imported model's renormalize_logits asks); else the model's log-probs over the whole vocabulary.
+    renormalize: bool = False
 
     def __post_init__(self) -> None:
         check_search_limits(self.beam_size, self.max_len_a, self.max_len_b, ("beam size", "max_len_a", "max_len_b"))

@@ -194,6 +194,7 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
         "length_penalty": float(defaults["length_penalty"]),
         # generate counts the decoder start token and EOS in max_length; tfm's max_len_b counts neither.
         "max_length": int(defaults["max_len_b"]) + 2 if fixed_limit else config.max_positions,
+        "renormalize_logits": bool(defaults["renormalize"]),
     }
 
 

@@ -55,9 +55,6 @@ NEUTRAL_GENERATION = {
     "forced_bos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
-    # generate then takes log_softmax again after banning bad_words_ids (and every other change to the
-    # scores); tfm's scores are the model's log-probs over the whole vocabulary, banned tokens included.
-    "renormalize_logits": False,
 }
 
 
@@ -444,7 +441,7 @@ def read_sentencepiece(path: Path) -> bytes:
 
 def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str, int]) -> dict[str, Any]:
     """The DecodeConfig fields the model's generation settings state (generation_config.json, else the
-    legacy fields of config.json): beam size, length penalty, length limit and banned tokens.
+    legacy fields of config.json): beam size, length penalty, length limit, banned tokens and renormalize.
 
     Settings the folder does not state keep tfm's defaults. HF's max_length counts the decoder start
     token and EOS, so it becomes max_len_b = max_length - 2 with max_len_a = 0. The length penalty
@@ -480,6 +477,13 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
         raise TfmError(f"{where}: bad_words_ids with sequences of several tokens are not supported (only single tokens)")
     if banned:
         defaults["banned_ids"] = sorted({generation_int({"bad_words_ids": words[0]}, "bad_words_ids", where, 0) for words in banned})
+    # generate takes log_softmax again after banning bad_words_ids (OPUS-MT bans padding, whose zero
+    # row in the converted embeddings gives it a logit of 0): the scores of Marian, which has no padding.
+    renormalize = settings.get("renormalize_logits", False)
+    if not isinstance(renormalize, bool):
+        raise TfmError(f"{where}: renormalize_logits must be true or false, got {json.dumps(renormalize)}")
+    if renormalize:
+        defaults["renormalize"] = True
     return defaults
 
 

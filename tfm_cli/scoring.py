@@ -209,11 +209,15 @@ class SentenceScore:
         return self.per_token
 
 
-def token_log_probs(model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
+def token_log_probs(
+    model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor, excluded_ids: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """Teacher-forced log p(y_t | y_<t, x) of every target token.
 
     src: (B, S) int64 (rows end in EOS, padded with pad_id); tgt_out: (B, T) int64, the target ids
     followed by EOS, padded with pad_id. Returns (B, T) float32 natural-log probabilities, 0 at padding.
+    With `excluded_ids`, each position's distribution is renormalised over the other tokens (what a
+    search with DecodeConfig.renormalize scores: the tokens it may generate).
     """
     import torch
 
@@ -221,6 +225,8 @@ def token_log_probs(model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor
     bos = torch.full_like(tgt_out[:, :1], config.bos_id)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): [BOS] + ids (padding past EOS is never read)
     logits = model(src, tgt_in).float()  # (B, T, V)
+    if excluded_ids is not None:
+        logits[:, :, list(excluded_ids)] = float("-inf")
     log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out[:, :, None])[:, :, 0]  # (B, T)
     return log_probs.masked_fill(tgt_out == config.pad_id, 0.0)
 
@@ -237,11 +243,12 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | st
 
 
 def score_id_pairs(
-    model: Transformer, pairs: list[tuple[list[int], list[int]]], alpha: float
+    model: Transformer, pairs: list[tuple[list[int], list[int]]], alpha: float,
+    excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score one batch of (source ids, target ids) pairs, without EOS (it is appended here).
 
-    Returns one SentenceScore per pair, in the order given.
+    Returns one SentenceScore per pair, in the order given. `excluded_ids`: see token_log_probs.
     """
     import torch
 
@@ -254,7 +261,7 @@ def score_id_pairs(
     src = pad_batch([ids + [config.eos_id] for ids, _ in pairs], config.pad_id, device)  # (B, S)
     tgt_out = pad_batch([ids + [config.eos_id] for _, ids in pairs], config.pad_id, device)  # (B, T)
     with torch.inference_mode():
-        log_probs = token_log_probs(model, src, tgt_out).cpu()  # (B, T)
+        log_probs = token_log_probs(model, src, tgt_out, excluded_ids).cpu()  # (B, T)
     scores = []
     for row, (_, tgt_ids) in enumerate(pairs):
         n_tokens = len(tgt_ids) + 1
@@ -282,6 +289,7 @@ def score_text_pairs(
     batch_size: int = 32,
     window_batches: int = 8,
     pause_s: float = INPUT_PAUSE_S,
+    excluded_ids: tuple[int, ...] | None = None,
 ) -> Iterator[SentenceScore]:
     """Score (source, target) text pairs lazily, yielding one SentenceScore per pair in input order.
 
@@ -289,7 +297,8 @@ def score_text_pairs(
     `batch_size * window_batches`; a window also ends when the input pauses `pause_s` seconds, so
     an interactive pipe gets its scores at once. Each window is sorted by length so batches carry
     little padding, scored in batches of `batch_size`, and yielded in input order: memory stays
-    bounded and results stream. `alpha` is the GNMT exponent of SentenceScore.length_normalized.
+    bounded and results stream. `alpha` is the GNMT exponent of SentenceScore.length_normalized;
+    `excluded_ids`: see token_log_probs.
     """
     if batch_size < 1:
         raise TfmError(f"batch size must be at least 1, got {batch_size}")
@@ -301,18 +310,19 @@ def score_text_pairs(
             src_ids, tgt_ids = src_tokenizer.encode_ids(src_text), tgt_tokenizer.encode_ids(tgt_text)
             check_lengths(src_ids, tgt_ids, model.config.max_positions, line)
             window.append((src_ids, tgt_ids))
-        yield from score_window(model, window, alpha, batch_size)
+        yield from score_window(model, window, alpha, batch_size, excluded_ids)
 
 
 def score_window(
-    model: Transformer, window: list[tuple[list[int], list[int]]], alpha: float, batch_size: int
+    model: Transformer, window: list[tuple[list[int], list[int]]], alpha: float, batch_size: int,
+    excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score `window` in length-sorted batches; returns the scores in the window's original order."""
     order = sorted(range(len(window)), key=lambda i: (len(window[i][0]), len(window[i][1])))
     results: dict[int, SentenceScore] = {}
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        results.update(zip(indices, score_id_pairs(model, [window[i] for i in indices], alpha)))
+        results.update(zip(indices, score_id_pairs(model, [window[i] for i in indices], alpha, excluded_ids)))
     return [results[i] for i in range(len(window))]
 
 

@@ -141,6 +141,8 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
         log_probs = decoder.step(tokens)  # (R, V), a new tensor
         device = log_probs.device
         log_probs.index_fill_(1, banned_ids.to(device), float("-inf"))
+        if config.renormalize:  # over what may follow; the length limit below then only closes beams
+            torch.log_softmax(log_probs, dim=-1, out=log_probs)
         vocab = log_probs.size(1)
         at_limit = [max_lengths[sentence] <= step for sentence in alive]
         if any(at_limit):
@@ -254,6 +256,8 @@ def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int])
     for step in range(int(max_lengths.max()) + 1):
         log_probs = decoder.step(tokens).cpu()  # (b, V)
         allowed = log_probs.masked_fill(banned, float("-inf"))
+        if config.renormalize:  # the scores too are then over what may be drawn
+            log_probs = allowed = torch.log_softmax(allowed, dim=-1)
         probs = torch.softmax(filter_logits(allowed / config.temperature, config.sample_top_k, config.sample_top_p), -1)
         at_limit = (row_limits[active] <= step).tolist()
         choices = []

@@ -187,6 +187,10 @@ def score_with_model(
     loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     if ctx.get_parameter_source("alpha").name == "DEFAULT" and "length_penalty" in loaded.decode_defaults:
         alpha = loaded.decode_defaults["length_penalty"]  # the model's own, as translate uses it
+    excluded_ids = None
+    if loaded.decode_defaults.get("renormalize"):  # translate's scores are then over the tokens it may generate
+        config = loaded.model.config
+        excluded_ids = (config.pad_id, config.bos_id, *loaded.decode_defaults.get("banned_ids", ()))
     # Read lazily, in a thread (scoring.score_text_pairs): each window is scored and written before
     # the next read blocks, so `--tgt -` may be an interactive pipe.
     src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
@@ -196,7 +200,8 @@ def score_with_model(
         pairs = remember_targets(pairs, targets)
     total_log_prob, total_tokens, count = 0.0, 0, 0
     with open_output(output) as out:
-        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size)
+        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size,
+                                  excluded_ids=excluded_ids)
         for result in scores:
             value = result.value(normalize)
             if as_json:
