@@ -123,3 +123,17 @@ def test_sampling_with_top_k_1_follows_the_greedy_path():
     assert [h.tokens for h in samples[0]] == [[A, C]] * 3
     assert [h.tokens for h in samples[1]] == [[]] * 3
     assert samples[0][0].score == pytest.approx(raw(0.3, 0.9, 0.6))  # the model's own probability
+
+
+def test_renormalize_scores_over_the_tokens_that_may_be_generated():
+    # Sentence 0's empty prefix gives pad .5: renormalised without pad (and BOS), a is .3/.5 = .6 and b .4.
+    # Beam 2: "b EOS" .4 * .9 = .36 now beats "a c EOS" .6 * .9 * .6 = .324 (.18 < .162 reversed).
+    config = DecodeConfig(beam_size=2, nbest=2, length_penalty=0.0, renormalize=True)
+    results = search_beams(ScriptedDecoder(SCRIPTS), config)
+    assert [h.tokens for h in results[0]] == [[B], [A, C]]
+    assert [h.score for h in results[0]] == pytest.approx([raw(0.4, 0.9), raw(0.6, 0.9, 0.6)])
+    # Sampling with top-k 1 follows greedy: a (.6) -> c (.9) -> EOS (.6), scored renormalised too.
+    sampled = search_samples(ScriptedDecoder(SCRIPTS), DecodeConfig(sample=True, nbest=2, sample_top_k=1,
+                                                                    length_penalty=0.0, renormalize=True), seeds=[1, 2])
+    assert [h.tokens for h in sampled[0]] == [[A, C]] * 2
+    assert sampled[0][0].score == pytest.approx(raw(0.6, 0.9, 0.6))
