@@ -127,7 +127,7 @@ def test_sampling_with_top_k_1_follows_the_greedy_path():
 
 def test_renormalize_scores_over_the_tokens_that_may_be_generated():
     # Sentence 0's empty prefix gives pad .5: renormalised without pad (and BOS), a is .3/.5 = .6 and b .4.
-    # Beam 2: "b EOS" .4 * .9 = .36 now beats "a c EOS" .6 * .9 * .6 = .324 (.18 < .162 reversed).
+    # Beam 2: "b EOS" .4 * .9 = .36 and "a c EOS" .6 * .9 * .6 = .324 (not renormalised: .18 and .162).
     config = DecodeConfig(beam_size=2, nbest=2, length_penalty=0.0, renormalize=True)
     results = search_beams(ScriptedDecoder(SCRIPTS), config)
     assert [h.tokens for h in results[0]] == [[B], [A, C]]
