@@ -396,6 +396,72 @@ def test_ctrl_c_during_translate_leaves_a_complete_prefix(random_checkpoint, tmp
 
 
 
+# A process supervisor stops a command with SIGTERM and expects exit 143 (128 + 15), Ctrl-C gives
+# 130; either way the -o file being written is removed. Each command here writes -o FILE while it
+# waits for more of stdin (held open, empty), so the signal lands while the output is open.
+COMMANDS_WRITING_WHILE_READING = {
+    "translate": "translate -m {model} -b 1 -o {output}",
+    "tokenize encode": "tokenize encode -m {spm} -o {output}",
+    "tokenize decode": "tokenize decode -m {spm} -o {output}",
+    "score -m": "score -m {model} --src - --tgt {folder}/target.txt -o {output}",
+    "inspect-attention": "inspect-attention -m {model} --beam 1 -o {output}",
+}
+STOPPED_BY = {
+    "SIGTERM": (signal.SIGTERM, 143, "error: terminated (SIGTERM)"),
+    "SIGINT": (signal.SIGINT, 130, "error: interrupted"),
+}
+
+
+@pytest.mark.parametrize("command, stopped_by", [
+    *((command, "SIGTERM") for command in COMMANDS_WRITING_WHILE_READING),
+    ("translate", "SIGINT"), ("tokenize encode", "SIGINT"),
+])
+def test_a_signal_while_writing_an_output_file_exits_128_plus_its_number_and_leaves_nothing(
+    tmp_path, small_spm, random_checkpoint, command, stopped_by
+):
+    signum, exit_code, message = STOPPED_BY[stopped_by]
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "target.txt").write_text("a b\n")
+    output = folder / "out.txt"
+    args = COMMANDS_WRITING_WHILE_READING[command].format(
+        model=random_checkpoint, spm=small_spm, folder=folder, output=output
+    ).split()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfm_cli", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(folder.glob(".out.txt.*.tmp")) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the output file is open (stdin stays open: the command waits for it)
+        assert list(folder.glob(".out.txt.*.tmp")), f"{command} never opened its output"
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == exit_code, stderr.decode()
+    assert stderr.decode().strip().splitlines() == [message]
+    assert [p.name for p in folder.iterdir()] == ["target.txt"]  # no output, no temp file
+
+
+@pytest.mark.parametrize("stopped_by", STOPPED_BY)
+def test_a_signal_before_the_command_runs_exits_128_plus_its_number(monkeypatch, stopped_by):
+    # While the command line is parsed (before any command's own code runs).
+    from tfm_cli import cli
+
+    _, exit_code, message = STOPPED_BY[stopped_by]
+
+    def interrupted(*args, **kwargs):
+        raise cli.Terminated if stopped_by == "SIGTERM" else KeyboardInterrupt  # what each signal raises
+
+    monkeypatch.setattr(cli.TfmGroup, "parse_args", interrupted)
+    result = run_cli(["translate", "--help"])
+    assert result.exit_code == exit_code
+    assert result.stderr.strip().splitlines() == [message]
+
+
 # A `tfm train` process whose second write of checkpoint_last stalls inside the write (before its
 # fsync and rename), announcing that by creating the marker file given as the first argument.
 SLOW_CHECKPOINT_WRITE = """

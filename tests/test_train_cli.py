@@ -121,7 +121,10 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one_intact(tmp_path, lett
 
 def start_process(run: Path, options: list[str]) -> subprocess.Popen:
     command = [sys.executable, "-m", "tfm_cli", "train", str(TINY), "--run", str(run), "--threads", "1", *options]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A shell starts background jobs with SIGINT ignored, and Python then installs no Ctrl-C handler:
+    # give the child the default disposition, as a terminal's foreground job has.
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_steps(run: Path, count: int, process: subprocess.Popen, timeout: float = 90) -> None:
@@ -143,20 +146,61 @@ def saved_step(run: Path) -> int:
     return json.loads(header["__metadata__"]["counters"])["step"]
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, letters):
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_then_exits_128_plus_its_number(tmp_path, letters, signum, exit_code):
+    # 143 after SIGTERM is what a process supervisor (systemd, Kubernetes, Slurm) expects back; a
+    # script's `tfm train ... && tfm average ...` stops there, as after any interrupted command.
     run = tmp_path / "run"
     process = start_process(run, settings(letters, max_steps=100000, valid_every=100000))
     wait_for_steps(run, 3, process)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr.decode()
-    assert "interrupted: saved step" in stderr.decode()
+    assert process.returncode == exit_code, stderr.decode()
+    assert "interrupted: saved step" in stderr.decode() and "error" not in stderr.decode()
     step = saved_step(run)
     assert step >= 3
     assert read_checkpoint(run / "checkpoint_last.safetensors").provenance["step"] == step
     resumed = train(run, settings(letters, max_steps=step + 2), resume=True, recipe=None)
     assert resumed.exit_code == 0, resumed.stderr
     assert f"resumed at step {step}" in resumed.stderr
+
+
+def test_a_second_sigterm_aborts_at_once_and_still_exits_143(tmp_path, letters):
+    run = tmp_path / "run"
+    process = start_process(run, settings(letters, max_steps=100000, valid_every=100000))
+    wait_for_steps(run, 3, process)
+    process.send_signal(signal.SIGTERM)
+    # The first asks for a save after the update; the second aborts (or comes after the save and exit).
+    for line in iter(process.stderr.readline, b""):  # until the warning says the first was handled
+        if b"saving a checkpoint after this update" in line:
+            break
+    else:
+        pytest.fail("no warning after the first SIGTERM")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+
+
+def test_a_sigterm_while_the_data_is_prepared_exits_143(tmp_path, letters, monkeypatch):
+    # The corpus cache answers a stop asked for between chunks by raising KeyboardInterrupt (nothing
+    # to save yet); the run must still exit as SIGTERM asks, not as Ctrl-C.
+    from tfm_cli import cli
+    from tfm_cli.training import trainer
+
+    def preparing(*args, should_stop, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by `tfm train` (the main thread runs the CLI)
+        assert should_stop()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "run_training", preparing)
+    previous = signal.signal(signal.SIGTERM, cli.interrupt_on_sigterm)  # as `tfm` (cli.main) installs it
+    try:
+        result = train(tmp_path / "run", settings(letters, max_steps=5))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 143, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
 
 
 def test_sigkill_loses_only_the_steps_since_the_last_save(tmp_path, letters):

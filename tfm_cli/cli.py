@@ -32,7 +32,10 @@ from tfm_cli.errors import TfmError
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2  # a command line the parser refuses (Click's convention, kept)
-EXIT_INTERRUPTED = 130
+# An interrupted command exits 128 + the signal's number, as a process the signal killed reports to
+# a shell: 130 for Ctrl-C (SIGINT), 143 for SIGTERM (what process supervisors send, and expect back).
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_BROKEN_PIPE = 141  # what a Unix tool killed by SIGPIPE reports: `tfm ... | head` stays quiet
 # Errors of writing the output that are the machine's state, not a bug: one line, exit 1.
 WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
@@ -53,6 +56,18 @@ def silence_stdout() -> None:
 # Click's error for a command line it cannot parse (a bad option value, an unknown option or
 # command, a missing option). Typer exports only its subclass BadParameter, so it is found from there.
 UsageError = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the program is: it unwinds as Ctrl-C does (a half-written output is
+    removed), then the command exits EXIT_TERMINATED rather than EXIT_INTERRUPTED."""
+
+
+def interrupted_exit(error: KeyboardInterrupt) -> int:
+    """Say that the command was interrupted (one line) and return its exit code: 143 for SIGTERM, else 130."""
+    terminated = isinstance(error, Terminated)
+    print_error("terminated (SIGTERM)" if terminated else "interrupted")
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 class TfmGroup(TfmCommandGroup):
@@ -77,15 +92,21 @@ class TfmGroup(TfmCommandGroup):
         # Without standalone mode, an exit (typer.Exit, --help, --version) returns its code.
         sys.exit(result if isinstance(result, int) else 0)
 
+    def make_context(self, *args, **kwargs):
+        """Parse the command line; an interrupt meanwhile exits as one in a command does (Typer would exit 130 silently)."""
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as error:
+            raise typer.Exit(interrupted_exit(error)) from None
+
     def invoke(self, ctx: typer.Context):
         try:
             return super().invoke(ctx)
         except TfmError as error:
             print_error(str(error))
             raise typer.Exit(EXIT_USER_ERROR) from None
-        except KeyboardInterrupt:
-            print_error("interrupted")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (Terminated)
+            raise typer.Exit(interrupted_exit(error)) from None
         except BrokenPipeError:
             silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
@@ -149,11 +170,11 @@ app.add_typer(cache.app, name="cache")
 
 
 def interrupt_on_sigterm(signum: int, frame) -> None:
-    """SIGTERM ends a command as Ctrl-C does: an output being written is removed, exit 130.
+    """SIGTERM ends a command as Ctrl-C does (an output being written is removed), with exit 143.
 
-    (`tfm train` installs its own handler while it trains: save, then stop.)
+    (`tfm train` installs its own handler while it trains: save, then stop, then exit 143 too.)
     """
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def buffer_unbuffered_stdout() -> None:

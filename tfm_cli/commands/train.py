@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 
@@ -24,22 +24,35 @@ EPILOG = (
 
 
 class StopRequest:
-    """Set by SIGINT/SIGTERM: the loop finishes its update, saves, and returns. A second signal aborts."""
+    """Set by SIGINT/SIGTERM: the loop finishes its update, saves, and returns. A second signal aborts.
+
+    Either way `tfm train` then exits as any command that signal stops: 130 (SIGINT) or 143 (SIGTERM).
+    """
 
     def __init__(self, quiet: bool) -> None:
-        self.requested = False
+        self.signum: int | None = None  # the signal that asked for the stop
+        self.aborted = False
         self.quiet = quiet
         self.previous: dict[int, object] = {}
 
     def __call__(self) -> bool:
-        return self.requested
+        return self.signum is not None
 
     def handle(self, signum: int, frame) -> None:
         """Signal handler: first signal asks for a clean stop, the second one interrupts at once."""
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+        if self.signum is not None:
+            self.aborted = True
+            self.interrupt(signum)
+        self.signum = signum
         print_warning(f"{signal.Signals(signum).name}: saving a checkpoint after this update (again to abort)")
+
+    def interrupt(self, signum: int) -> NoReturn:
+        """Raise what `signum` raises outside training: its previous handler's exception (tfm's main
+        installs one for SIGTERM, whose exception exits 143), else KeyboardInterrupt."""
+        handler = self.previous.get(signum)
+        if callable(handler):
+            handler(signum, None)
+        raise KeyboardInterrupt
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM (only possible from the main thread)."""
@@ -302,28 +315,34 @@ def train(
         result = run_training(resolved, run_dir, resume=resume, device=target_device,
                               on_event=display, should_stop=stop, world=world, init=init_model,
                               prepare_only=prepare_only)
+    except KeyboardInterrupt:
+        if stop.signum is None or stop.aborted:
+            raise
+        stop.interrupt(stop.signum)  # a stop asked for while preparing the data ends there (no update to save)
     finally:
         display.close()
         stop.restore()
+    # A stopped run exits as any command the signal stops (128 + its number), after its clean save.
+    exit_code = 0 if stop.signum is None else 128 + stop.signum
     best = ""
     if result.best_value is not None:
         metric = "BLEU" if resolved.train.best_metric == "bleu" else "loss"
         best = f"; best {metric} {result.best_value:.2f} at step {result.best_step:,}"
     if result.reason == "prepared":
         print_info(f"prepared the data for {run_dir}; train with the same recipe and --run", quiet=quiet)
-        return
-    if result.reason == "interrupted" and result.step == 0:
+    elif result.reason == "interrupted" and result.step == 0:
         print_info("interrupted before the first update; nothing to save", quiet=quiet)
-        return
-    if result.reason == "interrupted":
+    elif result.reason == "interrupted":
         print_info(
             f"interrupted: saved step {result.step:,} in {run_dir}{best}; continue with "
             f"`tfm train --run {run_dir} --resume`",
             quiet=quiet,
         )
-        return
-    print_info(
-        f"done ({result.reason}) at step {result.step:,} after {plural(result.epoch, 'full epoch')}{best}; "
-        f"checkpoints in {run_dir}",
-        quiet=quiet,
-    )
+    else:
+        print_info(
+            f"done ({result.reason}) at step {result.step:,} after {plural(result.epoch, 'full epoch')}{best}; "
+            f"checkpoints in {run_dir}",
+            quiet=quiet,
+        )
+    if exit_code:
+        raise typer.Exit(exit_code)
