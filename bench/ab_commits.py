@@ -7,7 +7,7 @@ seconds, target tokens/s, the ratio after/before, and whether the outputs are id
 
 Usage: python bench/ab_commits.py --before REV [--after HEAD] --model CKPT [--source FILE]
        [--lines 1000] [--beams 1,5] [--runs 3] [--threads 2] [--batch-size 32] [--dtype float32]
-The worker decodes batches of --batch-size sentences sorted by length with tfm_cli.search
+The worker decodes batches of --batch-size sentences sorted by length with tfm_cli.inference.search
 (greedy_search for beam 1, beam_search otherwise), default length limits, no length penalty.
 """
 
@@ -34,7 +34,7 @@ def worker(model_path: str, source: str, lines: int, beam: int, threads: int, ba
     import tfm_cli
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import DecodeConfig
-    from tfm_cli.search import beam_search, greedy_search
+    from tfm_cli.inference.search import beam_search, greedy_search
 
     torch.set_num_threads(threads)
     loaded = load_model(model_path, dtype=dtype)

@@ -27,7 +27,7 @@ from tfm_cli.allocator import keep_freed_memory
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import DecoderState
-from tfm_cli.search import beam_search
+from tfm_cli.inference.search import beam_search
 from translate_vs_peers import padded
 
 GROUPED_SELECT = DecoderState.select

@@ -66,7 +66,7 @@ def main() -> None:
     import sacrebleu
 
     from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
-    from tfm_cli.exporting import export_model
+    from tfm_cli.interop.exporting import export_model
     from tfm_cli.textio import read_lines
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
-from tfm_cli.search import beam_search, greedy_search
+from tfm_cli.inference.search import beam_search, greedy_search
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 

@@ -25,10 +25,10 @@ sys.path.insert(0, str(REPO))
 from tfm_cli.checkpoint import LoadedModel, load_model, save_model  # noqa: E402
 from tfm_cli.config import DecodeConfig, ModelConfig  # noqa: E402
 from tfm_cli.model import Transformer  # noqa: E402
-from tfm_cli.decoding import max_output_lengths  # noqa: E402
-from tfm_cli.search import length_penalty  # noqa: E402
+from tfm_cli.inference.decoding import max_output_lengths  # noqa: E402
+from tfm_cli.inference.search import length_penalty  # noqa: E402
 from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece  # noqa: E402
-from tfm_cli.translation import BatchingConfig, TranslationStats, Translator  # noqa: E402
+from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "multi30k"
 

@@ -1,10 +1,10 @@
 """Translation speed of tfm against the same weights in MarianMTModel.generate and CTranslate2.
 
 One run measures, side by side and interleaved, every engine on the same token ids:
-  tfm         tfm_cli.search.greedy_search / beam_search (incremental cache), float32, on the
+  tfm         tfm_cli.inference.search.greedy_search / beam_search (incremental cache), float32, on the
               same batches as the peers
   tfm-int8, tfm-bf16  the same, the model loaded with --dtype int8 / bf16 (tfm_cli/model/precision.py)
-  tfm-translate  the `tfm translate` library path (tfm_cli.translation.Translator.translate_chunk on
+  tfm-translate  the `tfm translate` library path (tfm_cli.inference.translation.Translator.translate_chunk on
               the raw lines: tokenization, its own equal-source-length batching with its default
               --batch-size/--max-tokens, beam_search also for beam 1, detokenization), float32
   hf-marian   transformers MarianMTModel.generate on `tfm export --to marian`'s folder, float32
@@ -91,7 +91,7 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limi
     import shutil
 
     from tfm_cli.checkpoint import checkpoint_tokenizers, load_model, read_checkpoint
-    from tfm_cli.exporting import export_model
+    from tfm_cli.interop.exporting import export_model
     from tfm_cli.textio import iter_lines
 
     loaded = load_model(checkpoint)
@@ -148,7 +148,7 @@ def load_engine(job: Job):
     if job.engine in TFM_DTYPES:
         from tfm_cli.checkpoint import load_model
         from tfm_cli.config import DecodeConfig
-        from tfm_cli.search import beam_search, greedy_search
+        from tfm_cli.inference.search import beam_search, greedy_search
 
         model = load_model(job.checkpoint, dtype=TFM_DTYPES[job.engine]).model
         pad = model.config.pad_id
@@ -165,7 +165,7 @@ def load_engine(job: Job):
     if job.engine == "tfm-translate":
         from tfm_cli.checkpoint import load_model
         from tfm_cli.config import DecodeConfig
-        from tfm_cli.translation import BatchingConfig, Translator, TranslationStats
+        from tfm_cli.inference.translation import BatchingConfig, Translator, TranslationStats
 
         decode_config = DecodeConfig(beam_size=job.beam, length_penalty=0.0, max_len_a=0.0, max_len_b=job.max_steps - 1)
         translator = Translator(load_model(job.checkpoint), decode_config, BatchingConfig())

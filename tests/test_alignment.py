@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfm_cli.alignment import (
+from tfm_cli.inference.alignment import (
     hard_alignment,
     intersect,
     merge_to_words,

@@ -15,7 +15,7 @@ from conftest import REPO_ROOT, letter_settings, run_tfm_process, tiny_config
 from tfm_cli.checkpoint import read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import Transformer
-from tfm_cli.search import beam_search, greedy_search
+from tfm_cli.inference.search import beam_search, greedy_search
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 

@@ -115,7 +115,7 @@ def test_ctranslate2_int8_scores_close_to_float32_and_leaves_the_checkpoint_alon
     import sacrebleu
 
     from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
-    from tfm_cli.exporting import export_model
+    from tfm_cli.interop.exporting import export_model
 
     model = trained_checkpoint()
     checkpoint = read_checkpoint(model)

@@ -86,7 +86,7 @@ def test_seed_example_as_json():
 
 
 def test_every_attention_row_sums_to_one_and_masked_positions_are_zero(random_checkpoint):
-    from tfm_cli.inspection import attention_maps
+    from tfm_cli.inference.inspection import attention_maps
 
     loaded = load_model(random_checkpoint)
     src_ids, tgt_ids = loaded.src_tokenizer.encode_ids(SOURCE), loaded.tgt_tokenizer.encode_ids(TARGET)

@@ -41,3 +41,45 @@ def test_config_imports_no_other_tfm_module_but_errors_and_special_ids():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "['tfm_cli.config', 'tfm_cli.errors', 'tfm_cli.special_ids']"
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The first-level parts of tfm_cli that a module imports (anywhere in it, function bodies included):
+    a package name ("model", "inference", ...) or a top-level module's name ("checkpoint", ...)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tfm_cli"):
+            modules = [node.module] if node.module != "tfm_cli" else [f"tfm_cli.{a.name}" for a in node.names]
+            found.update(module.split(".")[1] for module in modules if module.count(".") >= 1)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("tfm_cli."))
+    return found
+
+
+# What each package may not import. model/ is the bottom layer; inference/ (searches, translation,
+# alignments) and interop/ (other engines' formats) sit beside each other over it and the checkpoint;
+# training/ may use inference/ (validation translates); only commands/ and cli.py see everything.
+FORBIDDEN = {
+    "model": {"inference", "interop", "training", "commands", "checkpoint", "corpus_cache", "data", "tokenizer"},
+    "inference": {"interop", "training", "commands", "cli", "console"},
+    "interop": {"inference", "training", "commands", "cli", "console"},
+    "training": {"interop", "commands", "cli", "console"},
+}
+# The top-level library modules (config, checkpoint, data, corpus_cache, ...) import no package above them.
+TOP_LEVEL_FORBIDDEN = {"inference", "interop", "training", "commands", "cli", "console"}
+TOP_LEVEL_EXCEPTIONS = {
+    "scoring.py": {"inference"},  # model scores use the search's length penalty
+    "averaging.py": {"training"},  # `average --run` reads a run folder, whose layout training/run_dir.py owns
+}
+
+
+def test_each_package_imports_only_what_its_layer_may():
+    offenders = []
+    for path in library_modules():
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) > 1:
+            forbidden = FORBIDDEN.get(parts[0], set())
+        else:
+            forbidden = TOP_LEVEL_FORBIDDEN - TOP_LEVEL_EXCEPTIONS.get(path.name, set())
+        offenders += [f"{'/'.join(parts)} imports {name}" for name in sorted(imported_packages(path) & forbidden)]
+    assert not offenders, offenders

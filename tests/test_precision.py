@@ -9,7 +9,7 @@ import sacrebleu
 import torch
 
 from conftest import run_cli
-from tfm_cli.alignment import parse_pharaoh
+from tfm_cli.inference.alignment import parse_pharaoh
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
@@ -25,7 +25,7 @@ from tfm_cli.model.precision import (
     int8_layer_class,
     quantize_rows,
 )
-from tfm_cli.translation import BatchingConfig, TranslationStats, Translator
+from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 REDUCED = ("bf16", "int8")

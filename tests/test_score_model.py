@@ -77,7 +77,7 @@ def test_normalizations_follow_the_score_convention(random_checkpoint, pairs, no
 
 def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pairs):
     from tfm_cli.scoring import score_id_pairs
-    from tfm_cli.search import greedy_search
+    from tfm_cli.inference.search import greedy_search
 
     _, _, src, _ = pairs
     loaded = load_model(random_checkpoint)
@@ -95,7 +95,7 @@ def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pair
 def test_forced_decoding_reproduces_beam_search_normalised_scores(random_checkpoint, pairs):
     from tfm_cli.config import DecodeConfig
     from tfm_cli.scoring import score_id_pairs
-    from tfm_cli.search import beam_search
+    from tfm_cli.inference.search import beam_search
 
     _, _, src, _ = pairs
     loaded = load_model(random_checkpoint)

@@ -13,7 +13,7 @@ from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
-from tfm_cli.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
+from tfm_cli.inference.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 
@@ -178,7 +178,7 @@ def test_stopping_a_sentence_early_changes_no_result(trained, monkeypatch, alpha
         config = DecodeConfig(beam_size=5, nbest=nbest, length_penalty=alpha)
         early = beam_search(loaded.model, src, config)
         with monkeypatch.context() as patch:
-            patch.setattr("tfm_cli.search.sentence_is_decided", lambda *args: False)
+            patch.setattr("tfm_cli.inference.search.sentence_is_decided", lambda *args: False)
             full = beam_search(loaded.model, src, config)
         assert [[(h.tokens, h.score) for h in hyps] for hyps in early] == [[(h.tokens, h.score) for h in hyps] for hyps in full]
 
@@ -207,8 +207,8 @@ def test_the_batch_invariance_switch_changes_the_arithmetic_not_the_results(trai
     # decoding.TransformerDecoder(batch_invariant=False) skips the row padding and uses torch's fused
     # attention: faster kernels, rounding that may depend on the batch. The searches must give the
     # same translations either way (scores equal up to float32 rounding).
-    from tfm_cli.decoding import TransformerDecoder, source_batch
-    from tfm_cli.search import search_beams
+    from tfm_cli.inference.decoding import TransformerDecoder, source_batch
+    from tfm_cli.inference.search import search_beams
 
     loaded, sources = trained
     rows = sorted(sources, key=len)[:12]
@@ -224,7 +224,7 @@ def test_the_batch_invariance_switch_changes_the_arithmetic_not_the_results(trai
 def test_a_decoding_step_gives_exactly_torchs_log_softmax_of_the_model_logits(trained):
     # TransformerDecoder.step normalises the logits in place; a second, untouched decoding state
     # gives the reference logits, which torch's own log_softmax normalises out of place.
-    from tfm_cli.decoding import TransformerDecoder, source_batch
+    from tfm_cli.inference.decoding import TransformerDecoder, source_batch
 
     loaded, sources = trained
     src = source_batch([row[:-1] for row in sources[:5]], loaded.config)

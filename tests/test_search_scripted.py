@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tfm_cli.config import DecodeConfig
-from tfm_cli.search import length_penalty, search_beams, search_samples
+from tfm_cli.inference.search import length_penalty, search_beams, search_samples
 
 PAD, UNK, BOS, EOS, A, B, C, D = range(8)
 

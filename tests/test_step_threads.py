@@ -9,11 +9,11 @@ import torch
 from conftest import run_cli, tiny_config
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
-from tfm_cli.decoding import TransformerDecoder, source_batch
+from tfm_cli.inference.decoding import TransformerDecoder, source_batch
 from tfm_cli.model import kernels
 from tfm_cli.model.precision import cpu_support, int8_layer_class, linear_layers
-from tfm_cli.search import search_beams
-from tfm_cli.step_threads import (
+from tfm_cli.inference.search import search_beams
+from tfm_cli.model.step_threads import (
     ONE_THREAD_WORK,
     PRODUCTS_ONLY_WORK,
     StepMode,

@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO_ROOT, run_cli
 from tfm_cli.checkpoint import load_model
-from tfm_cli.search import greedy_search
+from tfm_cli.inference.search import greedy_search
 
 LETTERS = "abcdefgh"
 

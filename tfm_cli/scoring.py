@@ -1,7 +1,7 @@
 """Scoring: sacrebleu metrics (BLEU, chrF, chrF++, TER) with their signatures, and forced-decoding model scores.
 
 Metric numbers come from sacrebleu's Python API unchanged. Model scores follow the one score
-convention of tfm_cli/search.py: the sum of natural-log token log-probs of the target, EOS included.
+convention of tfm_cli/inference/search.py: the sum of natural-log token log-probs of the target, EOS included.
 torch is imported inside the model-scoring functions, so `tfm score -r` (metrics) starts without it.
 """
 
@@ -252,7 +252,7 @@ def score_id_pairs(
     """
     import torch
 
-    from tfm_cli.search import length_penalty
+    from tfm_cli.inference.search import length_penalty
 
     if not pairs:
         return []

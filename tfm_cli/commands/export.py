@@ -33,7 +33,7 @@ def export(
     """Export a checkpoint for other engines: MarianMT (transformers) or CTranslate2, computing what tfm computes."""
     from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
     from tfm_cli.errors import TfmError
-    from tfm_cli.exporting import export_model
+    from tfm_cli.interop.exporting import export_model
 
     if to == "marian" and quantization != "float32":
         raise TfmError("--quantization goes with --to ctranslate2; a MarianMT folder is float32")

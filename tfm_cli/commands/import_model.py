@@ -29,7 +29,7 @@ def import_model(
     generation config, ...) are refused with one line naming the field, never converted.
     """
     from tfm_cli.checkpoint import checkpoint_tokenizers, write_checkpoint
-    from tfm_cli.marian_import import find_marian_folder, import_marian
+    from tfm_cli.interop.marian_import import find_marian_folder, import_marian
     from tfm_cli.textio import check_output_path
     from tfm_cli.vocabulary import language_tags
 

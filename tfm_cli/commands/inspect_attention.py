@@ -26,7 +26,7 @@ from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside
 
 if TYPE_CHECKING:
     from tfm_cli.checkpoint import LoadedModel
-    from tfm_cli.inspection import Example
+    from tfm_cli.inference.inspection import Example
 
 EPILOG = (
     "Examples:\n\n"
@@ -82,7 +82,7 @@ def inspect_attention(
             raise TfmError("--seed-example goes with --walkthrough")
         if model is not None or sentence is not None:
             raise TfmError("--seed-example shows the design document's example: it takes no -m model or SENTENCE")
-        from tfm_cli.inspection import seed_walkthrough
+        from tfm_cli.inference.inspection import seed_walkthrough
 
         with open_output(output) as out:
             render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims, out)
@@ -105,7 +105,7 @@ def inspect_attention(
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
-    from tfm_cli.inspection import example_view
+    from tfm_cli.inference.inspection import example_view
 
     examples = make_examples(loaded, pairs, beam, quiet)
     with open_output(output) as out:
@@ -248,7 +248,7 @@ def make_examples(
     loaded: LoadedModel, pairs: Iterator[tuple[str, str | None]], beam: int, quiet: bool
 ) -> Iterator[Example]:
     """Yield an Example per (source, forced target) pair: the forced target if given, else the model's translation."""
-    from tfm_cli.inspection import make_example
+    from tfm_cli.inference.inspection import make_example
 
     for source, forced in pairs:
         example = make_example(loaded, source, forced, beam)
@@ -259,8 +259,8 @@ def make_examples(
 
 def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None, out: IO[str]) -> None:
     """Print one Pharaoh line: the view's argmax pairs, intersected with the reverse model's if given."""
-    from tfm_cli.alignment import pharaoh
-    from tfm_cli.inspection import intersected_alignment
+    from tfm_cli.inference.alignment import pharaoh
+    from tfm_cli.inference.inspection import intersected_alignment
 
     pairs = view.alignment if reverse is None else intersected_alignment(view, reverse, example, layer, head)
     out.write(pharaoh(pairs) + "\n")
@@ -268,7 +268,7 @@ def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: 
 
 def write_json(example: Example, view, kind: str, layer: int, head: str, words: bool, out: IO[str]) -> None:
     """One JSON object per sentence: texts, labels, the matrix, and (cross) the Pharaoh alignment."""
-    from tfm_cli.alignment import pharaoh
+    from tfm_cli.inference.alignment import pharaoh
 
     record = {
         "source": example.source, "target": example.target, "kind": kind, "layer": layer, "head": head,
@@ -309,7 +309,7 @@ def render_model_walkthrough(
     loaded: LoadedModel, example: Example, kind: str, layer: int, head: int, output_format: str, dims: int, out: IO[str]
 ) -> None:
     """The walkthrough of one head of a model on one sentence pair."""
-    from tfm_cli.inspection import EOS_LABEL, model_walkthrough
+    from tfm_cli.inference.inspection import EOS_LABEL, model_walkthrough
 
     src_labels = example.src_pieces + [EOS_LABEL]
     tgt_labels = example.tgt_pieces + [EOS_LABEL]

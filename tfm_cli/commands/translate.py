@@ -91,7 +91,7 @@ def translate(
         open_output,
         thread_stdin,
     )
-    from tfm_cli.translation import (
+    from tfm_cli.inference.translation import (
         AlignmentConfig,
         BatchingConfig,
         OutputFormat,
@@ -198,7 +198,7 @@ def with_model_defaults(ctx: typer.Context, decode, model_defaults: dict):
 
 def write_chunks(out, chunks, output_format) -> None:
     """Write each chunk's lines, then flush, so an interactive pipe gets its answers at once."""
-    from tfm_cli.translation import format_line
+    from tfm_cli.inference.translation import format_line
 
     for chunk in chunks:
         out.write("".join(format_line(line, output_format) + "\n" for line in chunk))

@@ -10,7 +10,7 @@ keeps resources for every distinct row count it has multiplied, and a beam searc
 so the rows are padded with zeros to a multiple of ROW_BUCKET, which cut the peak memory of
 `tfm translate -b 5` on Multi30k by ~170-240 MiB at the same speed. A row's result from the packed
 product does not depend on how many rows share the call (tests/test_kernels.py), which both the
-padding and the batch-invariant searches (decoding.py) rely on.
+padding and the batch-invariant searches (inference/decoding.py) rely on.
 
 Training (autograd), GPUs, non-float32 tensors and torch builds without oneDNN use F.linear.
 """
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfm_cli.step_threads import on_threads
+from tfm_cli.model.step_threads import on_threads
 
 ROW_BUCKET = 32
 

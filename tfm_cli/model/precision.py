@@ -40,7 +40,7 @@ from torch import nn
 
 from tfm_cli.errors import TfmError
 from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_linear
-from tfm_cli.step_threads import on_threads
+from tfm_cli.model.step_threads import on_threads
 
 INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
 INT8_MAX = 127

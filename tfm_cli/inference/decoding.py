@@ -21,7 +21,7 @@ import torch
 from tfm_cli.config import ModelConfig
 from tfm_cli.model import DecoderState, Transformer
 from tfm_cli.model.precision import linear_layers
-from tfm_cli.step_threads import StepMode, StepThreads, one_thread, step_mode
+from tfm_cli.model.step_threads import StepMode, StepThreads, one_thread, step_mode
 
 MIN_STEP_ROWS = 16
 # A source is always padded to the next multiple of this many tokens, alone or in a batch.

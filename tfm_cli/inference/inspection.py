@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tfm_cli.alignment import (
+from tfm_cli.inference.alignment import (
     Span,
     hard_alignment,
     intersect,
@@ -22,11 +22,11 @@ from tfm_cli.alignment import (
 )
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
-from tfm_cli.decoding import source_batch
+from tfm_cli.inference.decoding import source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.attention import CrossAttention, SelfAttention
-from tfm_cli.search import beam_search
+from tfm_cli.inference.search import beam_search
 
 KINDS = ("cross", "encoder", "decoder")
 BOS_LABEL, EOS_LABEL = "<s>", "</s>"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tfm_cli.alignment import (
+from tfm_cli.inference.alignment import (
     hard_alignment,
     merge_to_words,
     pharaoh,
@@ -25,10 +25,10 @@ from tfm_cli.alignment import (
 )
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
-from tfm_cli.decoding import TransformerDecoder, padded_length, source_batch
+from tfm_cli.inference.decoding import TransformerDecoder, padded_length, source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
-from tfm_cli.search import Hypothesis, search_beams, search_samples
+from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
 from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
 
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).

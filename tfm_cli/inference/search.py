@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from tfm_cli.config import DecodeConfig
-from tfm_cli.decoding import StepDecoder, TransformerDecoder
+from tfm_cli.inference.decoding import StepDecoder, TransformerDecoder
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 
