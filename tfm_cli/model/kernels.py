@@ -3,12 +3,11 @@
 Every linear layer of the model is a `Linear`. At inference each decoding step multiplies a few
 dozen to a few hundred rows by every weight; oneDNN (shipped inside torch; CTranslate2 uses it on
 AMD CPUs) can pack a weight once into its blocked layout, while torch's default F.linear (MKL's
-sgemm) re-packs it on every call. On a 2-core AVX-512 VM the packed products ran 1.9-3x faster per
-call at 16-160 rows, and whole beam searches of the Multi30k model 1.2-1.35x faster than with
-F.linear; capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) 1.06x. oneDNN
-keeps resources for every distinct row count it has multiplied, and a beam search meets hundreds;
-so the rows are padded with zeros to a multiple of ROW_BUCKET, which cut the peak memory of
-`tfm translate -b 5` on Multi30k by ~170-240 MiB at the same speed. A row's result from the packed
+sgemm) re-packs it on every call, so the packed products are faster per call and make whole beam
+searches faster (less so on AVX2-capped kernels). oneDNN keeps resources for every distinct row
+count it has multiplied, and a beam search meets hundreds; so the rows are padded with zeros to a
+multiple of ROW_BUCKET, which lowers the peak memory of `tfm translate` at the same speed. Figures:
+see bench/RESULTS.md, section "Packed oneDNN products". A row's result from the packed
 product does not depend on how many rows share the call (tests/test_kernels.py), which both the
 padding and the batch-invariant searches (inference/decoding.py) rely on.
 

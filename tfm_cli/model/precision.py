@@ -14,7 +14,8 @@ products and softmax, and the searches stay float32.
   - with AVX512-VNNI (and torch's AVX-512 kernels), `Int8Linear`: weights to +-127, product by
     `torch._int_mm` (signed x signed), which torch runs through oneDNN's int8 GEMM only on such CPUs
     (vpdpbusd; AMX CPUs all have it, and oneDNN uses their tile units), in plain loops elsewhere
-    (pytorch PR #136942), measured 25-40x slower than float32;
+    (pytorch PR #136942), many times slower than float32 (see bench/RESULTS.md, section
+    "Reduced precision");
   - everywhere else, `Int8LinearWithoutVnni`: oneDNN's u8 x s8 product
     (`torch.ops.onednn.qlinear_pointwise`, the kernel Inductor's x86 int8 quantisation lowers to),
     inputs shifted to unsigned bytes by +128 and weights quantised to +-63 (7 bits). Without VNNI
@@ -68,7 +69,8 @@ def onednn_may_use_avx512_vnni(environ: Mapping[str, str] | None = None) -> bool
     """False when ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA) caps oneDNN below AVX512-VNNI.
 
     torch._int_mm decides by the CPU alone; a capped oneDNN then runs its non-VNNI int8 kernels on
-    signed bytes, whose 16-bit sums saturate (measured: 15% error on random inputs).
+    signed bytes, whose 16-bit sums saturate: large errors (see bench/RESULTS.md, section
+    "Reduced precision").
     """
     environ = os.environ if environ is None else environ
     cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")

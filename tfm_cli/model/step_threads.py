@@ -1,12 +1,13 @@
 """How many CPU threads one decoding step gets: all of torch's, one, or all for its matrix products only.
 
 With OMP_WAIT_POLICY=PASSIVE, OpenMP's threads sleep as soon as a parallel region ends, and every
-region wakes them again: 30-100 us per region on a 2-core VM, against ~5 us with spinning (ACTIVE or
-unset) threads. A decoding step runs dozens of regions (every matrix product, and every element-wise
-operation over more than 32,768 values), most of them only tens of microseconds of work. So under
-PASSIVE a step picks one of three modes by its work, rows x d_model x d_ff (the feed-forward
-product's multiply-adds) weighted by how fast the precision multiplies and doubled where torch's
-kernels are narrower than AVX-512 (an AVX2 CPU multiplies half as much per instruction):
+region wakes them again, at many times the cost of spinning (ACTIVE or unset) threads (figures: see
+bench/RESULTS.md, section "Step threads"). A decoding step runs dozens of regions (every matrix
+product, and every element-wise operation over more than 32,768 values), most of them only tens of
+microseconds of work. So under PASSIVE a step picks one of three modes by its work, rows x d_model
+x d_ff (the feed-forward product's multiply-adds) weighted by how fast the precision multiplies and
+doubled where torch's kernels are narrower than AVX-512 (an AVX2 CPU multiplies half as much per
+instruction):
 - below ONE_THREAD_WORK, everything on one thread;
 - below PRODUCTS_ONLY_WORK, the linear layers' matrix products on all threads and everything else
   (attention, LayerNorm, softmax, the cache copies) on one: the products are worth a wake-up, the
@@ -15,13 +16,8 @@ kernels are narrower than AVX-512 (an AVX2 CPU multiplies half as much per instr
 The encoder and the searches' operations over the whole vocabulary keep every thread. ACTIVE and
 unset policies always use every thread.
 
-Measured on a 2-core AVX-512 VM (beam 5, the Multi30k model: d_model 256, d_ff 1024, float32, one
-process alternating the modes): at 160 rows, products on two threads and the rest on one was 1.05x
-faster than one thread for everything (work 42M) and, with kernels capped at AVX2 (84M), 1.10x
-faster than two threads for everything; at 320 rows 1.01-1.02x; at 640 rows (168M / 336M) two
-threads for everything was as fast or 1.04x faster. Greedy steps of 32 rows (8M) gained nothing.
-In int8 at 160 rows (10.5M) one thread stayed 1.09x faster than products-only; with 7-bit int8 on
-AVX2-capped kernels (21M) products-only was 1.04x faster than one thread and 1.25x faster than all.
+The two thresholds come from timing Multi30k beam and greedy steps in each mode, float32 and int8,
+on AVX-512 and AVX2-capped kernels: see bench/RESULTS.md, section "Step threads".
 
 A step's results are the same bits on one thread as on two, in every precision
 (tests/test_step_threads.py checks that whole translations are).
