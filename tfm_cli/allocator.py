@@ -5,8 +5,8 @@ Every decoding step allocates and frees tensors of a few megabytes (the logits, 
 self-attention caches, the layers' outputs), most of them the same size as the step before.
 By default glibc serves a block of that size with a fresh mmap and gives it back to the kernel
 on free, and it returns the top of its heap to the kernel when a lot is free there; each new block
-is then page-faulted and zeroed again. For beam search on the Multi30k model that was ~100,000
-extra page faults per 400 sentences and about 4% of the time (bench/RESULTS.md). The settings below
+is then page-faulted and zeroed again, a measurable share of a beam search's time (see
+bench/RESULTS.md, section "Other modules"). The settings below
 keep blocks up to 32 MiB in the heap and never shrink it: the peak memory stays the same, but the
 process keeps it until it exits.
 
@@ -45,8 +45,9 @@ def return_freed_memory() -> bool:
     """Give the free memory at the top and inside glibc's heap back to the kernel (malloc_trim).
 
     Building an epoch's batches of a large corpus sorts and gathers several (N,) tensors that are
-    freed at once; glibc keeps such memory in its heap (about 300 MiB for 3M pairs), where every
-    torchrun rank would hold it for the whole run. Returns False where there is no glibc (nothing done).
+    freed at once; glibc keeps such memory in its heap (hundreds of MiB for millions of pairs, see
+    bench/RESULTS.md, section "Other modules"), where every torchrun rank would hold it for the whole
+    run. Returns False where there is no glibc (nothing done).
     """
     try:
         malloc_trim = ctypes.CDLL(None).malloc_trim

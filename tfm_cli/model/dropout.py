@@ -1,9 +1,9 @@
 """Dropout (section 5.4: on every sublayer output and on the embedding sums), with a faster CPU mask.
 
-torch's CPU dropout draws its mask with `bernoulli_`, about 13 ns per element on a 2-core AVX2
-machine: 6.8% of a Multi30k training step under torch.profiler. Drawing 64 random bits at a time
-and cutting them into 15-bit numbers gives a Bernoulli mask in about half the forward + backward
-time (bench/RESULTS.md). On other devices `F.dropout` is used unchanged.
+torch's CPU dropout draws its mask with `bernoulli_`, a visible share of a training step; drawing
+64 random bits at a time and cutting them into 15-bit numbers gives a Bernoulli mask in less time
+(figures: see bench/RESULTS.md, section "Other modules"). On other devices `F.dropout` is used
+unchanged.
 """
 
 from __future__ import annotations

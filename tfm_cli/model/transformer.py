@@ -232,7 +232,8 @@ def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     them (a tied weight once, under its first name), computed without building the model.
 
     Checking a checkpoint needs only this; building even an empty model (on torch's meta device)
-    would import half of torch's compiler stack (~1 s, ~75 MiB). tests/test_model.py compares it
+    would import half of torch's compiler stack (its cost: bench/RESULTS.md, section "Other modules").
+    tests/test_model.py compares it
     with real models of every shape option.
     """
     d_model, d_ff = config.d_model, config.d_ff
