@@ -314,7 +314,7 @@ def map_entry(argv: list[str]) -> None:
     have mapped it too), print one JSON line of /proc/self/smaps_rollup figures in KiB, and wait again
     (so that it is still mapped while the others read theirs)."""
     from tfm_cli.cache_folder import read_manifest
-    from tfm_cli.corpus_cache import read_entry
+    from tfm_cli.corpus_entry import read_entry
 
     entry, hold = Path(argv[0]), float(argv[1])
     corpus = read_entry(entry, read_manifest(entry), 1 << 30, 1 << 30, check_tokens=False)

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.config import ModelConfig
-from tfm_cli.corpus_cache import FilterSettings, prepare_corpus
+from tfm_cli.corpus_cache import prepare_corpus
+from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.data import Batch, batch_indices, collate, epoch_generator
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table

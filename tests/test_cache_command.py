@@ -15,7 +15,7 @@ from tfm_cli.tokenizer import Tokenizer
 READER = """
 import sys
 from pathlib import Path
-from tfm_cli.corpus_cache import open_entry
+from tfm_cli.corpus_entry import open_entry
 corpus = open_entry(Path(sys.argv[1]), (1 << 30, 1 << 30), False)
 print("mapped" if corpus is not None else "refused", flush=True)
 sys.stdin.read()

@@ -10,7 +10,10 @@ import time
 import pytest
 import torch
 
-from tfm_cli.corpus_cache import ARRAYS, MANIFEST, FilterSettings, prepare_corpus
+from tfm_cli.cache_folder import MANIFEST
+from tfm_cli.corpus_cache import prepare_corpus
+from tfm_cli.corpus_entry import ARRAYS
+from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.tokenizer import Tokenizer
@@ -300,7 +303,8 @@ def test_progress_is_reported_in_bytes_of_both_files(tmp_path, tokenizer, monkey
 WORKER = """
 import json, os, sys, time
 from pathlib import Path
-from tfm_cli.corpus_cache import FilterSettings, prepare_corpus
+from tfm_cli.corpus_cache import prepare_corpus
+from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.tokenizer import Tokenizer
 

@@ -2,29 +2,25 @@
 by a chunk, whatever the corpus size), kept as flat binary files that every process memory-maps (one
 copy in the page cache however many ranks read it), and found again by cheap file fingerprints.
 
-The layout of the cache folder, and who may remove what in it: cache_folder.py.
+This module is the pipeline: finding an entry, waiting for another preparer, reading, tokenizing and
+filtering the text into a new entry, and checking the text's full hash. The layout of the cache folder
+and who may remove what in it: cache_folder.py; one entry's files: corpus_entry.py; the filters:
+corpus_filters.py.
 """
 
 from __future__ import annotations
 
-import array
 import hashlib
-import itertools
 import json
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from tfm_cli.data import FilterStats, TokenizedCorpus
-from tfm_cli.errors import TfmError
 from tfm_cli.cache_folder import (
     CACHE_VERSION,
     MANIFEST,
@@ -36,7 +32,11 @@ from tfm_cli.cache_folder import (
     retire_folder,
     temp_folder,
 )
-from tfm_cli.file_locks import exclusive_lock, try_lock
+from tfm_cli.corpus_entry import EntryWriter, open_entry, recorded_sha256s
+from tfm_cli.corpus_filters import FilterSettings, length_filter, unencoded_filter
+from tfm_cli.data import FilterStats, TokenizedCorpus
+from tfm_cli.errors import TfmError
+from tfm_cli.file_locks import exclusive_lock
 from tfm_cli.parallel_text import (
     CHUNK_LINES,
     FileFingerprint,
@@ -47,16 +47,7 @@ from tfm_cli.parallel_text import (
 )
 from tfm_cli.textio import atomic_write_bytes, make_folder
 
-# name -> (file, dtype) of an entry's arrays
-ARRAYS = {
-    "src_tokens": ("src.tokens", torch.int32),
-    "src_offsets": ("src.offsets", torch.int64),
-    "tgt_tokens": ("tgt.tokens", torch.int32),
-    "tgt_offsets": ("tgt.offsets", torch.int64),
-    "line_numbers": ("lines", torch.int64),
-}
 SYNC_CHECK_BYTES = 64 << 20  # text up to this size is hashed before its entry is used; larger, while training runs
-RANGE_CHECK_ELEMENTS = 1 << 24  # token ids checked this many at a time when an entry is read
 PROGRESS_SECONDS = 0.5
 
 
@@ -70,17 +61,6 @@ class PairTokenizer(Protocol):
     def vocabulary(self) -> tuple[str, ...] | None: ...
 
     def encode_ids_batch(self, texts: list[str]) -> list[list[int]]: ...
-
-
-@dataclass(frozen=True)
-class FilterSettings:
-    """Which pairs a prepared corpus keeps."""
-
-    max_length: int  # tokens per side, EOS included
-    max_length_ratio: float = 0.0  # 0: no ratio filter
-    skip_identical: bool = False
-    skip_empty: bool = True
-    skip_invalid_utf8: bool = False  # False: invalid UTF-8 is an error naming file and line
 
 
 @dataclass(frozen=True)
@@ -244,33 +224,6 @@ def use_referenced_entry(
     return PreparedCorpus(corpus, True, (), path, check)
 
 
-def open_entry(
-    path: Path, vocab_sizes: tuple[int, int], check_tokens: bool, manifest: dict[str, Any] | None = None
-) -> TokenizedCorpus | None:
-    """The memory-mapped corpus of the entry `path` with a shared lock on its readers.lock held for as long
-    as the corpus object lives; None if the entry is damaged or being removed."""
-    manifest = manifest if manifest is not None else read_manifest(path)
-    if manifest is None:
-        return None
-    reader = try_lock(path / READERS_LOCK, shared=True)
-    if reader is None:
-        return None
-    corpus = read_entry(path, manifest, *vocab_sizes, check_tokens)
-    if corpus is None:
-        os.close(reader)
-        return None
-    weakref.finalize(corpus, os.close, reader)
-    return corpus
-
-
-def recorded_sha256s(manifest: dict[str, Any]) -> list[tuple[str, str]] | None:
-    """[(text file path, SHA-256), ...] as an entry's manifest records them; None if it does not."""
-    try:
-        return [(str(pair[side]["path"]), str(pair[side]["sha256"])) for pair in manifest["inputs"] for side in ("src", "tgt")]
-    except (KeyError, TypeError):
-        return None
-
-
 def content_mismatch(expected: list[tuple[str, str]]) -> str | None:
     """None if every file's full SHA-256 is the one expected; else what differs, in one line."""
     for path, sha256 in expected:
@@ -408,151 +361,3 @@ def check_unchanged_while_read(prints: list[tuple[FileFingerprint, FileFingerpri
                 raise TfmError(f"{before.path}: changed while it was being prepared; run again once it is complete")
 
 
-def map_array(path: Path, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """(count,) `dtype` memory-mapped read-only from `path` (copy-on-write: writes never reach the file).
-
-    Raises ValueError if the file does not hold exactly `count` elements.
-    """
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    if path.stat().st_size != count * itemsize:
-        raise ValueError(f"{path}: {path.stat().st_size} bytes, expected {count * itemsize}")
-    if count == 0:
-        return torch.zeros(0, dtype=dtype)
-    return torch.from_file(str(path), shared=False, size=count, dtype=dtype)
-
-
-def token_ids_in_range(path: Path, vocab_size: int) -> bool:
-    """Whether every int32 id in `path` is in [0, vocab_size); reads the file in chunks without mapping it,
-    so the check leaves no pages in this process's memory."""
-    with open(path, "rb") as f:
-        while data := f.read(RANGE_CHECK_ELEMENTS * 4):
-            ids = torch.frombuffer(bytearray(data), dtype=torch.int32)
-            low, high = torch.aminmax(ids)
-            if int(low) < 0 or int(high) >= vocab_size:
-                return False
-    return True
-
-
-def read_entry(
-    path: Path, manifest: dict[str, Any], src_vocab_size: int, tgt_vocab_size: int, check_tokens: bool
-) -> TokenizedCorpus | None:
-    """The memory-mapped corpus of an entry, or None if its files are missing, of the wrong size or inconsistent."""
-    try:
-        pairs, src_total, tgt_total = (int(manifest[key]) for key in ("pairs", "src_tokens", "tgt_tokens"))
-        stats = tuple(FilterStats.from_dict(item) for item in manifest["stats"])
-        counts = {"src_tokens": src_total, "tgt_tokens": tgt_total, "src_offsets": pairs + 1,
-                  "tgt_offsets": pairs + 1, "line_numbers": pairs}
-        arrays = {name: map_array(path / file, counts[name], dtype) for name, (file, dtype) in ARRAYS.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if sum(item.kept for item in stats) != pairs:
-        return None
-    for side, vocab_size in (("src", src_vocab_size), ("tgt", tgt_vocab_size)):
-        offsets, total = arrays[f"{side}_offsets"], arrays[f"{side}_tokens"].numel()
-        if int(offsets[0]) != 0 or int(offsets[-1]) != total or bool((offsets[1:] < offsets[:-1]).any()):
-            return None
-        if check_tokens and not token_ids_in_range(path / ARRAYS[f"{side}_tokens"][0], vocab_size):
-            return None
-    return TokenizedCorpus(**arrays, stats=stats)
-
-
-class ArrayWriter:
-    """Appends typed values to a binary file, a chunk at a time."""
-
-    def __init__(self, path: Path, typecode: str) -> None:
-        self.file = open(path, "wb")
-        self.buffer = array.array(typecode)
-        self.count = 0
-
-    def flush(self) -> None:
-        """Write what is buffered."""
-        self.buffer.tofile(self.file)
-        self.count += len(self.buffer)
-        del self.buffer[:]
-
-    def close(self) -> None:
-        """Flush, fsync and close the file."""
-        self.flush()
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-
-class EntryWriter:
-    """The arrays of an entry being written: kept pairs are appended chunk by chunk."""
-
-    def __init__(self, folder: Path, eos_id: int) -> None:
-        self.arrays = {name: ArrayWriter(folder / file, "i" if dtype == torch.int32 else "q")
-                       for name, (file, dtype) in ARRAYS.items()}
-        self.eos_id = eos_id
-        self.totals = {"src": 0, "tgt": 0}
-        for side in self.totals:
-            self.arrays[f"{side}_offsets"].buffer.append(0)
-
-    def append(self, line_numbers: list[int], src_ids: list[list[int]], tgt_ids: list[list[int]]) -> None:
-        """Append kept pairs: their 0-based line numbers and token ids (EOS is added here)."""
-        for side, sequences in (("src", src_ids), ("tgt", tgt_ids)):
-            for ids in sequences:
-                ids.append(self.eos_id)
-            self.arrays[f"{side}_tokens"].buffer.extend(itertools.chain.from_iterable(sequences))
-            start = self.totals[side]
-            self.arrays[f"{side}_offsets"].buffer.extend(start + end for end in itertools.accumulate(map(len, sequences)))
-            self.totals[side] = self.arrays[f"{side}_offsets"].buffer[-1] if sequences else start
-        self.arrays["line_numbers"].buffer.extend(line_numbers)
-        for writer in self.arrays.values():
-            writer.flush()
-
-    def close(self) -> None:
-        """Flush and close every file."""
-        for writer in self.arrays.values():
-            writer.close()
-
-    @property
-    def pairs(self) -> int:
-        """Pairs written so far."""
-        return self.arrays["line_numbers"].count + len(self.arrays["line_numbers"].buffer)
-
-
-def unencoded_filter(
-    src_lines: list[str], tgt_lines: list[str], invalid: set[int], filters: FilterSettings, counts: dict[str, int],
-) -> list[int]:
-    """The indices of a chunk's pairs that pass the filters needing no tokens (empty, identical).
-
-    Adds each pair skipped here to `counts` under its reason; pairs in `invalid` are skipped uncounted
-    (the reader counts them).
-    """
-    candidates = []
-    for index, (src, tgt) in enumerate(zip(src_lines, tgt_lines)):
-        if index in invalid:
-            continue
-        src_text, tgt_text = src.strip(), tgt.strip()
-        if filters.skip_empty and not (src_text and tgt_text):
-            counts["empty"] += 1
-        elif filters.skip_identical and src_text == tgt_text:
-            counts["identical"] += 1
-        else:
-            candidates.append(index)
-    return candidates
-
-
-def length_filter(
-    first_line: int, candidates: list[int], src_ids: list[list[int]], tgt_ids: list[list[int]],
-    filters: FilterSettings, counts: dict[str, int],
-) -> tuple[list[int], list[list[int]], list[list[int]]]:
-    """The encoded candidates within max_length and max_length_ratio: (line numbers, source ids, target ids).
-
-    Adds the pairs skipped here to `counts` (too_long, ratio) and the kept ones under "kept".
-    """
-    kept: tuple[list[int], list[list[int]], list[list[int]]] = ([], [], [])
-    limit, ratio = filters.max_length, filters.max_length_ratio
-    for index, src, tgt in zip(candidates, src_ids, tgt_ids):
-        if len(src) >= limit or len(tgt) >= limit:
-            counts["too_long"] += 1
-        elif ratio and max(len(src), len(tgt)) > ratio * max(min(len(src), len(tgt)), 1):
-            counts["ratio"] += 1
-        else:
-            kept[0].append(first_line + index)
-            kept[1].append(src)
-            kept[2].append(tgt)
-    counts["kept"] += len(kept[0])
-    return kept

@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.config import DataConfig, ModelConfig, Recipe, TrainCorpus
 from tfm_cli.cache_folder import remove_dead_temp_folders
-from tfm_cli.corpus_cache import ContentCheck, FilterSettings, prepare_corpus
+from tfm_cli.config import DataConfig, ModelConfig, Recipe, TrainCorpus
+from tfm_cli.corpus_cache import ContentCheck, prepare_corpus
+from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.data import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
