@@ -56,7 +56,8 @@ class LabelSmoothedCrossEntropy(torch.autograd.Function):
     """`label_smoothed_loss` with its gradient written out: softmax - smoothed target, in one pass.
 
     Left to autograd, the loss's backward walks the (N, V) logits' size six times (mean, gather,
-    their sum, log_softmax); with an 8k vocabulary that is ~3% of a CPU training step.
+    their sum, log_softmax), a visible share of a CPU training step with an 8k vocabulary (see
+    bench/RESULTS.md, section "Other modules").
     """
 
     @staticmethod
