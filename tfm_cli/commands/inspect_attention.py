@@ -22,10 +22,12 @@ from tfm_cli.commands.options import (
 )
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
+from tfm_cli.inference.settings import model_default_note
 from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside
 
 if TYPE_CHECKING:
     from tfm_cli.checkpoint import LoadedModel
+    from tfm_cli.config import DecodeConfig
     from tfm_cli.inference.inspection import Example
 
 EPILOG = (
@@ -59,7 +61,7 @@ def inspect_attention(
     walkthrough: bool = typer.Option(False, "--walkthrough", help="Print one head's computation step by step: X, Q, K, V, Q K^T, scaled, softmax rows, output rows."),
     seed_example: bool = typer.Option(False, "--seed-example", help="With --walkthrough: the design document's 'I love your dog' example (no model needed)."),
     dims: int = typer.Option(8, "--dims", help="With --walkthrough: show at most this many columns of X, Q, K, V and the output (JSON has all)."),
-    beam: int = typer.Option(5, "--beam", help="Beam size when the model translates the sentence first (1 = greedy); default: the model's own, else 5."),
+    beam: Optional[int] = typer.Option(None, "--beam", help=f"Beam size when the model translates the sentence first (1 = greedy), with the model's other decoding settings, as tfm translate; {model_default_note('beam_size')}."),
     device: str = device_option(),
     dtype: str = dtype_option(),
     threads: int = threads_option(),
@@ -92,14 +94,14 @@ def inspect_attention(
 
     from tfm_cli.checkpoint import load_model
     from tfm_cli.devices import resolve_device
+    from tfm_cli.inference.settings import resolve_decode
 
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
     pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
     inference_dtype = resolve_dtype(dtype, target_device, quiet)
     loaded = load_model(model, device=target_device, dtype=inference_dtype)
-    if ctx.get_parameter_source("beam").name == "DEFAULT":
-        beam = loaded.decode_defaults.get("beam_size", beam)  # the model's own, as translate uses it
+    decode = resolve_decode({"beam_size": beam}, loaded.decode_defaults)  # what translate decodes with
     reverse = load_model(reverse_model, device=target_device, dtype=inference_dtype) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
@@ -107,7 +109,7 @@ def inspect_attention(
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     from tfm_cli.inference.inspection import example_view
 
-    examples = make_examples(loaded, pairs, beam, quiet)
+    examples = make_examples(loaded, pairs, decode, quiet)
     with open_output(output) as out:
         if walkthrough:
             if head_index is None:
@@ -245,13 +247,13 @@ def stdin_name(path: str) -> str:
 
 
 def make_examples(
-    loaded: LoadedModel, pairs: Iterator[tuple[str, str | None]], beam: int, quiet: bool
+    loaded: LoadedModel, pairs: Iterator[tuple[str, str | None]], decode: DecodeConfig, quiet: bool
 ) -> Iterator[Example]:
     """Yield an Example per (source, forced target) pair: the forced target if given, else the model's translation."""
     from tfm_cli.inference.inspection import make_example
 
     for source, forced in pairs:
-        example = make_example(loaded, source, forced, beam)
+        example = make_example(loaded, source, forced, decode)
         if example.translated:
             print_info(f"translation: {example.target}", quiet=quiet)
         yield example

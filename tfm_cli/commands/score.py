@@ -13,6 +13,7 @@ import typer
 from tfm_cli.commands.options import apply_threads, device_option, dtype_option, resolve_dtype, threads_option
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
+from tfm_cli.inference.settings import model_default_note
 
 if TYPE_CHECKING:
     from tfm_cli.scoring import SentenceScore
@@ -41,7 +42,7 @@ def score(
     src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
     normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
-    alpha: float = typer.Option(0.6, "--length-penalty", "--alpha", help="With -m: GNMT alpha for --normalize length (as translate's --length-penalty); default: the model's own, else 0.6."),
+    alpha: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"With -m: GNMT alpha for --normalize length (as translate's --length-penalty); {model_default_note('length_penalty')}."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
     device: str = device_option('With -m: '),
     dtype: str = dtype_option('With -m: '),
@@ -159,7 +160,7 @@ def score_with_model(
     src: str,
     tgt: str,
     normalize: str,
-    alpha: float,
+    alpha: float | None,
     batch_size: int,
     device: str,
     dtype: str,
@@ -174,23 +175,26 @@ def score_with_model(
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
+    from tfm_cli.length_penalty import decode_length_penalty
+    from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
     from tfm_cli.textio import iter_lines, open_output
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
-    check_length_penalty(alpha, "--length-penalty")
+    if alpha is not None:
+        check_length_penalty(alpha, "--length-penalty")
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
     loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
-    if ctx.get_parameter_source("alpha").name == "DEFAULT" and "length_penalty" in loaded.decode_defaults:
-        alpha = loaded.decode_defaults["length_penalty"]  # the model's own, as translate uses it
+    decode = resolve_decode({"length_penalty": alpha}, loaded.decode_defaults)  # the settings translate uses
+    length_penalty = decode_length_penalty(decode)  # the rule translate normalises with (the model's kind)
     excluded_ids = None
-    if loaded.decode_defaults.get("renormalize"):  # translate's scores are then over the tokens it may generate
+    if decode.renormalize:  # translate's scores are then over the tokens it may generate
         config = loaded.model.config
-        excluded_ids = (config.pad_id, config.bos_id, *loaded.decode_defaults.get("banned_ids", ()))
+        excluded_ids = (config.pad_id, config.bos_id, *decode.banned_ids)
     # Read lazily, in a thread (scoring.score_text_pairs): each window is scored and written before
     # the next read blocks, so `--tgt -` may be an interactive pipe.
     src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
@@ -200,7 +204,7 @@ def score_with_model(
         pairs = remember_targets(pairs, targets)
     total_log_prob, total_tokens, count = 0.0, 0, 0
     with open_output(output) as out:
-        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, alpha, batch_size,
+        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, length_penalty, batch_size,
                                   excluded_ids=excluded_ids)
         for result in scores:
             value = result.value(normalize)

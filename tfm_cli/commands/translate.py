@@ -18,6 +18,7 @@ from tfm_cli.commands.options import (
 )
 from tfm_cli.console import print_info, print_warning, stderr_console
 from tfm_cli.errors import TfmError
+from tfm_cli.inference.settings import decode_default, model_default_note
 
 # rich renders --help and takes a bare [name] for markup (dropping it): brackets are written \\[.
 EPILOG = (
@@ -49,17 +50,19 @@ def translate(
     model: str = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside."),
     input: str = typer.Option("-", "-i", "--input", help="Raw source text, one sentence per line; `-` = stdin."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
-    beam: int = typer.Option(5, "-b", "--beam", help="Beam size (1 = greedy)."),
-    length_penalty: float = typer.Option(0.6, "--length-penalty", "--alpha", help="GNMT length-penalty alpha ((5 + n) / 6) ** alpha; 0 = raw sum of log-probs."),
-    max_len_a: float = typer.Option(1.5, "--max-len-a", help="Output length limit a * src_len + b (subword tokens): a."),
-    max_len_b: int = typer.Option(10, "--max-len-b", help="Output length limit a * src_len + b: b."),
-    nbest: int = typer.Option(1, "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
-    sample: bool = typer.Option(False, "--sample", help="Sample instead of beam search (--nbest samples per line)."),
-    top_k: int = typer.Option(0, "--top-k", help="With --sample: draw only from the k most likely tokens (0 = all)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="With --sample: draw only from the nucleus of probability p."),
-    temperature: float = typer.Option(1.0, "--temperature", help="With --sample: softmax temperature."),
-    seed: int = typer.Option(0, "--seed", help="With --sample: random seed (line i uses seed + i)."),
-    no_unk: bool = typer.Option(False, "--no-unk", help="Never output the unknown-word token <unk> (padding and <s> never are)."),
+    # Flags a checkpoint may bring defaults for default to None (= not given; see inference/settings.py),
+    # the others to DecodeConfig's own defaults.
+    beam: Optional[int] = typer.Option(None, "-b", "--beam", help=f"Beam size (1 = greedy); {model_default_note('beam_size')}."),
+    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"GNMT length-penalty alpha ((5 + n) / 6) ** alpha; 0 = raw sum of log-probs; {model_default_note('length_penalty')}."),
+    max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=f"Output length limit a * src_len + b (subword tokens): a; {model_default_note('max_len_a')}."),
+    max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=f"Output length limit a * src_len + b: b; {model_default_note('max_len_b')}."),
+    nbest: int = typer.Option(decode_default("nbest"), "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
+    sample: bool = typer.Option(decode_default("sample"), "--sample", help="Sample instead of beam search (--nbest samples per line)."),
+    top_k: int = typer.Option(decode_default("sample_top_k"), "--top-k", help="With --sample: draw only from the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(decode_default("sample_top_p"), "--top-p", help="With --sample: draw only from the nucleus of probability p."),
+    temperature: float = typer.Option(decode_default("temperature"), "--temperature", help="With --sample: softmax temperature."),
+    seed: int = typer.Option(decode_default("seed"), "--seed", help="With --sample: random seed (line i uses seed + i)."),
+    no_unk: bool = typer.Option(decode_default("no_unk"), "--no-unk", help="Never output the unknown-word token <unk> (padding and <s> never are)."),
     target_lang: Optional[str] = typer.Option(None, "--target-lang", help="Multilingual models: the target language xx of the model's >>xx<< tags (prepended to every source)."),
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
@@ -82,8 +85,8 @@ def translate(
     """
 
     from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoint import load_model
-    from tfm_cli.config import DecodeConfig
+    from tfm_cli.checkpoint import DECODE_DEFAULT_KEYS, load_model
+    from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.textio import (
         DecodeStats,
         check_input_file,
@@ -104,11 +107,12 @@ def translate(
     apply_threads(ctx, threads)
     if input != "-":
         check_input_file(input)
-    decode = DecodeConfig(
+    flags = dict(
         beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
         sample=sample, sample_top_k=top_k, sample_top_p=top_p, temperature=temperature, seed=seed,
         no_unk=no_unk,
     )
+    resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     want_alignment = alignment or as_json
     align = AlignmentConfig(layer=align_layer, head=parse_head(align_head, "--align-head")) if want_alignment else None
@@ -116,17 +120,18 @@ def translate(
 
     target_device = resolve_device(device)
     loaded = load_model(model, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
-    decode = with_model_defaults(ctx, decode, loaded.decode_defaults)
+    decode = resolve_decode(flags, loaded.decode_defaults)
     prefix = ()
     if target_lang is not None:
         from tfm_cli.vocabulary import language_tag_id
 
         prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
     if loaded.decode_defaults:
-        used = ", ".join(f"{key} {getattr(decode, key)}" for key in OPTION_OF_FIELD)
+        shown = [key for key in DECODE_DEFAULT_KEYS if key in flags or key in loaded.decode_defaults]
+        used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
         print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
     translator = Translator(loaded, decode, batching, align, source_prefix=prefix)
-    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=decode.length_penalty)
+    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty)
 
     if input == "-" and sys.stdin is None:
         raise TfmError("stdin is closed; give the input file with -i FILE")
@@ -175,25 +180,6 @@ def translate(
         f"{stats.output_tokens / max(elapsed, 1e-9):.0f} target tokens/s",
         quiet=quiet,
     )
-
-
-# translate's options for the DecodeConfig fields a checkpoint may bring defaults for (banned_ids has no flag).
-OPTION_OF_FIELD = {"beam_size": "beam", "length_penalty": "length_penalty", "max_len_a": "max_len_a", "max_len_b": "max_len_b"}
-
-
-def with_model_defaults(ctx: typer.Context, decode, model_defaults: dict):
-    """`decode` with the checkpoint's decoding defaults in every field whose flag the user did not give.
-
-    Returns a DecodeConfig (validated again: a model's beam size may be smaller than --nbest).
-    """
-    import dataclasses
-
-    # Compared by name: Typer ships its own copy of Click, whose ParameterSource is not click's.
-    changes = {
-        name: value for name, value in model_defaults.items()
-        if name not in OPTION_OF_FIELD or ctx.get_parameter_source(OPTION_OF_FIELD[name]).name == "DEFAULT"
-    }
-    return dataclasses.replace(decode, **changes) if changes else decode
 
 
 def write_chunks(out, chunks, output_format) -> None:

@@ -22,11 +22,11 @@ from tfm_cli.inference.alignment import (
 )
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
-from tfm_cli.inference.decoding import source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.attention import CrossAttention, SelfAttention
-from tfm_cli.inference.search import beam_search
+from tfm_cli.inference.translation import BatchingConfig, search_batches
+from tfm_cli.textio import one_line
 
 KINDS = ("cross", "encoder", "decoder")
 BOS_LABEL, EOS_LABEL = "<s>", "</s>"
@@ -169,19 +169,19 @@ class Example:
     translated: bool = False  # True when `target` is the model's own translation of `source`
 
 
-def make_example(loaded: LoadedModel, source: str, target: str | None, beam: int) -> Example:
+def make_example(loaded: LoadedModel, source: str, target: str | None, decode: DecodeConfig) -> Example:
     """Tokenize `source` and `target`; with no target, the model translates `source` first.
 
-    The translation is the one `tfm translate -b BEAM` gives (the same padding, the same search).
+    `decode` is settings.resolve_decode's answer, so the translation is the line `tfm translate`
+    prints with the same flags (the same padding, the same search, the model's decoding defaults).
     """
     src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
     src_ids = src_tok.encode_ids(source)
     translated = target is None
     if translated:
-        device = next(loaded.model.parameters()).device
-        src = source_batch([src_ids], loaded.config, device)  # (1, S)
-        tgt_ids = beam_search(loaded.model, src, DecodeConfig(beam_size=beam, nbest=1))[0][0].tokens
-        target = tgt_tok.decode_ids(tgt_ids)
+        _, hypotheses = next(search_batches(loaded.model, {0: src_ids}, decode, BatchingConfig()))
+        tgt_ids = hypotheses[0][0].tokens
+        target = one_line(tgt_tok.decode_ids(tgt_ids), tabs=True)  # as translation.Translator.render writes it
     else:
         tgt_ids = tgt_tok.encode_ids(target)
     return Example(

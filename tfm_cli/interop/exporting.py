@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from tfm_cli.checkpoint import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
+from tfm_cli.interop.marian_names import layer_modules
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder
 
@@ -109,29 +110,11 @@ def marian_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     bias = w.get("output_proj.bias", torch.zeros(config.tgt_vocab_size))
     state["final_logits_bias"] = bias.reshape(1, -1).contiguous()
 
-    def split(target: str, source: str, names: str) -> None:
+    for module, marian_modules, _ in layer_modules(config):
+        # A fused tfm matrix splits into its MarianMT modules' row blocks, in order (marian_names).
         for kind in ("weight", "bias"):
-            for name, part in zip(names, w[f"{source}.{kind}"].chunk(len(names), dim=0)):
-                state[f"{target}.{name}_proj.{kind}"] = part.contiguous()
-
-    def copy(target: str, source: str) -> None:
-        for kind in ("weight", "bias"):
-            state[f"{target}.{kind}"] = w[f"{source}.{kind}"]
-
-    for stack, count in (("encoder", config.n_enc_layers), ("decoder", config.n_dec_layers)):
-        for i in range(count):
-            hf, tfm = f"model.{stack}.layers.{i}", f"{stack}_layers.{i}"
-            split(f"{hf}.self_attn", f"{tfm}.self_attn.qkv_proj", "qkv")
-            copy(f"{hf}.self_attn.out_proj", f"{tfm}.self_attn.out_proj")
-            copy(f"{hf}.self_attn_layer_norm", f"{tfm}.self_attn_sublayer.norm")
-            if stack == "decoder":
-                copy(f"{hf}.encoder_attn.q_proj", f"{tfm}.cross_attn.q_proj")
-                split(f"{hf}.encoder_attn", f"{tfm}.cross_attn.kv_proj", "kv")
-                copy(f"{hf}.encoder_attn.out_proj", f"{tfm}.cross_attn.out_proj")
-                copy(f"{hf}.encoder_attn_layer_norm", f"{tfm}.cross_attn_sublayer.norm")
-            copy(f"{hf}.fc1", f"{tfm}.ffn.linear1")
-            copy(f"{hf}.fc2", f"{tfm}.ffn.linear2")
-            copy(f"{hf}.final_layer_norm", f"{tfm}.ffn_sublayer.norm")
+            for name, part in zip(marian_modules, w[f"{module}.{kind}"].chunk(len(marian_modules), dim=0)):
+                state[f"{name}.{kind}"] = part.contiguous()
     return state
 
 

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
+from tfm_cli.interop.marian_names import layer_modules
 from tfm_cli.model.layers import halves_sinusoidal_table
 from tfm_cli.textio import file_sha256
 from tfm_cli.tokenizer import load_sentencepiece
@@ -378,7 +379,7 @@ def convert_weights(path: Path, tensors: dict[str, torch.Tensor], config: ModelC
                 raise TfmError(f"{path}: tensor {name!r} differs from {present[0]!r}, which config.json ties it to")
         return weight
 
-    d, ff = config.d_model, config.d_ff
+    d = config.d_model
     weights: dict[str, torch.Tensor] = {}
     src_shape, tgt_shape = (config.src_vocab_size, d), (config.tgt_vocab_size, d)
     output = ["lm_head.weight"] if config.tie_output else []  # share_embeddings implies tie_output (checked)
@@ -400,29 +401,10 @@ def convert_weights(path: Path, tensors: dict[str, torch.Tensor], config: ModelC
         if name in remaining and not torch.allclose(take(name, tuple(table.shape)), table, atol=1e-5, rtol=0.0):
             raise TfmError(f"{path}: {name} is not Marian's sinusoidal table (learned positions are not supported)")
 
-    def linear(target: str, source: str, shape: tuple[int, int]) -> None:
-        weights[f"{target}.weight"] = take(f"{source}.weight", shape)
-        weights[f"{target}.bias"] = take(f"{source}.bias", shape[:1])
-
-    def fused(target: str, sources: list[str]) -> None:
-        # tfm computes q, k and v (or k and v) with one matrix: the row blocks in that order.
-        weights[f"{target}.weight"] = torch.cat([take(f"{s}.weight", (d, d)) for s in sources])
-        weights[f"{target}.bias"] = torch.cat([take(f"{s}.bias", (d,)) for s in sources])
-
-    for stack, count in (("encoder", config.n_enc_layers), ("decoder", config.n_dec_layers)):
-        for i in range(count):
-            hf, tfm = f"model.{stack}.layers.{i}", f"{stack}_layers.{i}"
-            fused(f"{tfm}.self_attn.qkv_proj", [f"{hf}.self_attn.{p}_proj" for p in "qkv"])
-            linear(f"{tfm}.self_attn.out_proj", f"{hf}.self_attn.out_proj", (d, d))
-            linear(f"{tfm}.self_attn_sublayer.norm", f"{hf}.self_attn_layer_norm", (d,))
-            if stack == "decoder":
-                linear(f"{tfm}.cross_attn.q_proj", f"{hf}.encoder_attn.q_proj", (d, d))
-                fused(f"{tfm}.cross_attn.kv_proj", [f"{hf}.encoder_attn.{p}_proj" for p in "kv"])
-                linear(f"{tfm}.cross_attn.out_proj", f"{hf}.encoder_attn.out_proj", (d, d))
-                linear(f"{tfm}.cross_attn_sublayer.norm", f"{hf}.encoder_attn_layer_norm", (d,))
-            linear(f"{tfm}.ffn.linear1", f"{hf}.fc1", (ff, d))
-            linear(f"{tfm}.ffn.linear2", f"{hf}.fc2", (d, ff))
-            linear(f"{tfm}.ffn_sublayer.norm", f"{hf}.final_layer_norm", (d,))
+    for module, marian_modules, shape in layer_modules(config):
+        # Several MarianMT modules are the row blocks of one fused tfm matrix, in order (marian_names).
+        weights[f"{module}.weight"] = torch.cat([take(f"{source}.weight", shape) for source in marian_modules])
+        weights[f"{module}.bias"] = torch.cat([take(f"{source}.bias", shape[:1]) for source in marian_modules])
     if remaining:
         extra = sorted(remaining)
         raise TfmError(
