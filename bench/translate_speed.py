@@ -26,7 +26,7 @@ from tfm_cli.checkpoint import LoadedModel, load_model, save_model  # noqa: E402
 from tfm_cli.config import DecodeConfig, ModelConfig  # noqa: E402
 from tfm_cli.model import Transformer  # noqa: E402
 from tfm_cli.inference.decoding import max_output_lengths  # noqa: E402
-from tfm_cli.inference.search import length_penalty  # noqa: E402
+from tfm_cli.length_penalty import GnmtPenalty  # noqa: E402
 from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece  # noqa: E402
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator  # noqa: E402
 
@@ -80,7 +80,7 @@ def plain_search(model: Transformer, src: torch.Tensor, beam: int, alpha: float,
         scores = top_scores
         eos = (tokens == config.eos_id) & top_scores.view(-1).isfinite()
         for row in eos.nonzero()[:, 0].tolist():
-            score = float(top_scores.view(-1)[row]) / length_penalty(step + 1, alpha)
+            score = float(top_scores.view(-1)[row]) / GnmtPenalty(alpha).divisor(step + 1)
             if score > best[row // beam][0]:
                 best[row // beam] = (score, prefix[row, 1:-1].tolist())
         scores = scores.masked_fill(eos.view(n, beam), float("-inf"))

@@ -244,6 +244,45 @@ def test_beam_scores_equal_hugging_faces(imported, tmp_path):
     assert worst <= TOLERANCE, worst
 
 
+@pytest.mark.parametrize("alpha", [None, 0.0, 2.0])  # None: the model's own (generate's default 1.0)
+def test_beam_search_equals_generate(imported, tmp_path, alpha):
+    # Imported models decode with the `hf` length penalty rule: n ** alpha and generate's beam stop,
+    # EOS forced (score 0) at the length limit. So `tfm translate -b K` gives the K hypotheses and
+    # normalised scores of generate(num_beams=K, num_return_sequences=K), in the same order.
+    max_new_tokens = 10
+    tokenizer, model = imported.tokenizer, imported.model
+    pad_id = model.config.pad_token_id
+    options = () if alpha is None else ("--alpha", str(alpha))
+    agreed = 0
+    for beam in range(1, 6):
+        records = tfm_translate(imported, tmp_path, "-b", str(beam), "--nbest", str(beam), "--max-len-a", "0",
+                                "--max-len-b", str(max_new_tokens - 1), *options)
+        for record, source in zip(records, imported.sources):
+            with torch.no_grad():
+                out = model.generate(
+                    **tokenizer([source], return_tensors="pt"), num_beams=beam, num_return_sequences=beam,
+                    max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
+                    **({} if alpha is None else {"length_penalty": alpha}),
+                )
+            expected = []
+            for index, row in enumerate(out.sequences.tolist()):
+                ids = [i for i in row[1:] if i != pad_id]
+                if beam > 1:
+                    score = out.sequences_scores[index].item()
+                else:  # generate's greedy search reports logits, not a score: the log-probs it took,
+                    # EOS forced at the limit scoring 0
+                    log_probs = hf_token_log_probs(imported, source, ids)
+                    score = sum(log_probs[:-1] if len(ids) == max_new_tokens else log_probs)
+                expected.append((tokenizer.convert_ids_to_tokens(ids[:-1] if ids[-1] == 0 else ids), score))
+            key = "raw_score" if beam == 1 else "score"
+            got = [(hypothesis["tokens"], hypothesis[key]) for hypothesis in record["nbest"]]
+            assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected], (beam, source)
+            for (_, ours), (_, theirs) in zip(got, expected):
+                assert abs(ours - theirs) <= TOLERANCE, (beam, source)
+            agreed += 1
+    assert agreed == 5 * len(imported.sources)
+
+
 def test_cross_attention_equals_hugging_faces(imported):
     config = imported.model.config
     source, target = imported.sources[0], imported.targets[0]
@@ -344,10 +383,11 @@ def test_generation_defaults_travel_and_flags_override(tmp_path, synthetic):
     assert run_cli(["import", folder, "-o", checkpoint, "-q"]).exit_code == 0
     pad_id = json.loads((folder / "vocab.json").read_text())["<pad>"]
     defaults = read_checkpoint(checkpoint).decode_defaults
-    assert defaults == {"beam_size": 3, "length_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 10, "banned_ids": (pad_id,)}
+    assert defaults == {"beam_size": 3, "length_penalty": 1.0, "length_penalty_kind": "hf", "forced_eos": True,
+                        "max_len_a": 0.0, "max_len_b": 10, "banned_ids": (pad_id,)}
     src = write_lines(tmp_path / "src", synthetic["test.src"].read_text().splitlines()[:3])
     record = json.loads(run_cli(["translate", "-m", checkpoint, "-i", src, "--json", "--nbest", "3", "-q"]).stdout.splitlines()[0])
-    assert len(record["nbest"]) == 3 and record["score_normalisation"].endswith("** 1.0, n = output tokens including EOS")
+    assert len(record["nbest"]) == 3 and record["score_normalisation"] == "raw / n ** 1.0, n = output tokens including EOS"
     refused = run_cli(["translate", "-m", checkpoint, "-i", src, "--nbest", "4", "-q"])
     assert refused.exit_code == 1 and "nbest must be between 1 and the beam size (3)" in refused.stderr
     overridden = run_cli(["translate", "-m", checkpoint, "-i", src, "--json", "-b", "5", "--nbest", "5", "--alpha", "0", "-q"])
@@ -521,8 +561,9 @@ def test_legacy_config_fields_and_generation_settings_in_config_json(good_folder
     checkpoint = tmp_path / "model.safetensors"
     result = run_cli(["import", folder, "-o", checkpoint])
     assert result.exit_code == 0, result.stderr
-    assert read_checkpoint(checkpoint).decode_defaults == {
-        "beam_size": 6, "max_len_a": 0.0, "max_len_b": 38, "banned_ids": (pad_id,)
+    assert read_checkpoint(checkpoint).decode_defaults == {  # generate's alpha 1.0, unstated, applied as generate does
+        "beam_size": 6, "length_penalty": 1.0, "length_penalty_kind": "hf", "forced_eos": True, "max_len_a": 0.0,
+        "max_len_b": 38, "banned_ids": (pad_id,)
     }
 
 

@@ -12,6 +12,7 @@ from conftest import run_cli
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from tfm_cli.checkpoint import load_model
+from tfm_cli.length_penalty import GnmtPenalty
 from tfm_cli.special_ids import BOS_ID, EOS_ID
 
 
@@ -86,7 +87,7 @@ def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pair
     batch = torch.tensor([ids + [EOS_ID] + [0] * (width - len(ids) - 1) for ids in src_ids])
     hypotheses = greedy_search(loaded.model, batch, max_len_a=0.0, max_len_b=8)
     # Greedy's score counts the EOS it ended with, chosen or forced at the length limit, like ours.
-    forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for ids, hyp in zip(src_ids, hypotheses)], alpha=0.6)
+    forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for ids, hyp in zip(src_ids, hypotheses)], GnmtPenalty(0.6))
     for hyp, score in zip(hypotheses, forced):
         assert score.n_tokens == len(hyp.tokens) + 1
         assert score.raw == pytest.approx(hyp.score, abs=1e-4)
@@ -103,9 +104,9 @@ def test_forced_decoding_reproduces_beam_search_normalised_scores(random_checkpo
     for line in src[:3]:
         ids = loaded.src_tokenizer.encode_ids(line)
         (nbest,) = beam_search(loaded.model, torch.tensor([ids + [EOS_ID]]), decode)
-        forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for hyp in nbest], alpha=0.6)
+        forced = score_id_pairs(loaded.model, [(ids, hyp.tokens) for hyp in nbest], GnmtPenalty(0.6))
         for hyp, score in zip(nbest, forced):
-            assert score.length_normalized == pytest.approx(hyp.normalised_score(0.6), abs=1e-4)
+            assert score.length_normalized == pytest.approx(hyp.normalised_score(GnmtPenalty(0.6)), abs=1e-4)
 
 
 def test_token_log_probs_are_zero_at_padding(random_checkpoint):

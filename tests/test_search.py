@@ -13,7 +13,8 @@ from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
-from tfm_cli.inference.search import beam_search, filter_logits, greedy_search, length_penalty, sample_search
+from tfm_cli.inference.search import beam_search, filter_logits, greedy_search, sample_search
+from tfm_cli.length_penalty import GnmtPenalty, MonotonePenalty
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 
@@ -37,8 +38,8 @@ def trained():
 
 def test_length_penalty_is_the_gnmt_formula():
     # ((5 + 7) / 6) ** 0.6 = 2 ** 0.6
-    assert length_penalty(7, 0.6) == pytest.approx(2**0.6)
-    assert length_penalty(123, 0.0) == 1.0
+    assert GnmtPenalty(0.6).divisor(7) == pytest.approx(2**0.6)
+    assert GnmtPenalty(0.0).divisor(123) == 1.0
 
 
 def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
@@ -51,14 +52,14 @@ def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
     alpha = 0.8
     outputs = [list(seq) for n in range(3) for seq in itertools.product([1, 4, 5, 6, 7], repeat=n)]
     expected = sorted(
-        ((forced_log_prob(model, src, out) / length_penalty(len(out) + 1, alpha), out) for out in outputs),
+        ((forced_log_prob(model, src, out) / GnmtPenalty(alpha).divisor(len(out) + 1), out) for out in outputs),
         key=lambda item: -item[0],
     )
     config = DecodeConfig(beam_size=60, nbest=10, length_penalty=alpha, max_len_a=0.0, max_len_b=2)
     hyps = beam_search(model, torch.tensor([src]), config)[0]
     assert [h.tokens for h in hyps] == [out for _, out in expected[:10]]
     for hyp, (score, _) in zip(hyps, expected):
-        assert hyp.normalised_score(alpha) == pytest.approx(score, abs=1e-4)
+        assert hyp.normalised_score(GnmtPenalty(alpha)) == pytest.approx(score, abs=1e-4)
 
 
 def test_beam_1_equals_greedy_search(trained):
@@ -82,7 +83,7 @@ def test_beam_hypotheses_are_sorted_and_scores_are_forced_decoding_log_probs(tra
     for src_row in sources[:8]:
         hyps = beam_search(model, torch.tensor([src_row]), DecodeConfig(beam_size=5, nbest=5, length_penalty=alpha))[0]
         assert len(hyps) == 5
-        normalised = [h.normalised_score(alpha) for h in hyps]
+        normalised = [h.normalised_score(GnmtPenalty(alpha)) for h in hyps]
         assert normalised == sorted(normalised, reverse=True)
         assert len({tuple(h.tokens) for h in hyps}) == 5, "n-best holds duplicates"
         for hyp in hyps:
@@ -168,7 +169,7 @@ def test_decode_config_names_bad_values():
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_stopping_a_sentence_early_changes_no_result(trained, monkeypatch, alpha):
-    # beam_search stops a sentence once no live beam can reach its n best (sentence_is_decided);
+    # beam_search stops a sentence once no live beam can reach its n best (the GNMT rule's bound);
     # without that rule it runs until `beam` hypotheses are finished, as fairseq. Both must
     # return the same n-best lists, tokens and float scores alike.
     loaded, sources = trained
@@ -178,7 +179,7 @@ def test_stopping_a_sentence_early_changes_no_result(trained, monkeypatch, alpha
         config = DecodeConfig(beam_size=5, nbest=nbest, length_penalty=alpha)
         early = beam_search(loaded.model, src, config)
         with monkeypatch.context() as patch:
-            patch.setattr("tfm_cli.inference.search.sentence_is_decided", lambda *args: False)
+            patch.setattr(MonotonePenalty, "best_possible_score", lambda *args: float("inf"))
             full = beam_search(loaded.model, src, config)
         assert [[(h.tokens, h.score) for h in hyps] for hyps in early] == [[(h.tokens, h.score) for h in hyps] for hyps in full]
 

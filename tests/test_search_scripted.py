@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tfm_cli.config import DecodeConfig
-from tfm_cli.inference.search import length_penalty, search_beams, search_samples
+from tfm_cli.inference.search import search_beams, search_samples
+from tfm_cli.length_penalty import GnmtPenalty
 
 PAD, UNK, BOS, EOS, A, B, C, D = range(8)
 
@@ -90,7 +91,7 @@ def test_the_length_penalty_reorders_the_n_best():
     # alpha 1: "b" = log .18 / (7/6) = -1.470; "a c" = log .162 / (8/6) = -1.365: "a c" now wins.
     results = search_beams(ScriptedDecoder(SCRIPTS), DecodeConfig(beam_size=2, nbest=2, length_penalty=1.0))
     assert [h.tokens for h in results[0]] == [[A, C], [B]]
-    assert results[0][0].normalised_score(1.0) == pytest.approx(raw(0.3, 0.9, 0.6) / length_penalty(3, 1.0))
+    assert results[0][0].normalised_score(GnmtPenalty(1.0)) == pytest.approx(raw(0.3, 0.9, 0.6) / GnmtPenalty(1.0).divisor(3))
 
 
 def test_beam_1_is_greedy():

@@ -12,7 +12,7 @@ from conftest import run_cli
 from tfm_cli.inference.alignment import parse_pharaoh
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
-from tfm_cli.inference.search import length_penalty
+from tfm_cli.length_penalty import GnmtPenalty
 from tfm_cli.textio import read_chunks
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator, translate_stream
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
@@ -95,7 +95,7 @@ def test_printed_scores_are_normalised_forced_decoding_log_probs(model_path, tes
             log_probs = torch.log_softmax(logits.double(), dim=-1)
             raw = sum(float(log_probs[t, token]) for t, token in enumerate(ids + [config.eos_id]))
             assert hyp["raw_score"] == pytest.approx(raw, abs=1e-4)
-            assert hyp["score"] == pytest.approx(raw / length_penalty(len(ids) + 1, alpha), abs=1e-4)
+            assert hyp["score"] == pytest.approx(raw / GnmtPenalty(alpha).divisor(len(ids) + 1), abs=1e-4)
     plain = run_cli(["translate", "-m", model_path, "--scores", "--length-penalty", alpha], input=lines[0] + "\n")
     text, score = plain.stdout.rstrip("\n").split("\t")
     first = json.loads(result.stdout.splitlines()[0])

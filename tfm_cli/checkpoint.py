@@ -44,7 +44,10 @@ TGT_VOCAB_KEY = "tokenizer.tgt_vocab"
 EMBEDDED_FILE_KEYS = (SRC_TOKENIZER_KEY, TGT_TOKENIZER_KEY, SRC_VOCAB_KEY, TGT_VOCAB_KEY)
 # The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
 # unless a flag says otherwise).
-DECODE_DEFAULT_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "banned_ids", "renormalize")
+DECODE_DEFAULT_KEYS = (
+    "beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b", "banned_ids", "renormalize",
+    "forced_eos",
+)
 TOKENIZER_PREFIX = "tokenizer."
 HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
 SENTENCEPIECE_LIMIT = 64 * 1024 * 1024  # larger files are not tried as sentencepiece models

@@ -174,6 +174,9 @@ class DecodeConfig:
     beam_size: int = 5
     # GNMT length penalty ((5 + len) / 6) ** alpha; section 6.1 of the paper uses alpha = 0.6.
     length_penalty: float = 0.6
+    # How alpha is applied (tfm_cli/length_penalty.py owns the kinds): gnmt (tfm's), hf (n ** alpha
+    # and generate's beam stop, as imported models' source decodes) or none.
+    length_penalty_kind: str = "gnmt"
     # Maximum output length is max_len_a * src_len + max_len_b (in subword tokens, EOS excluded).
     max_len_a: float = 1.5
     max_len_b: int = 10
@@ -190,6 +193,10 @@ class DecodeConfig:
     # Scores renormalised over the tokens that may be generated (log_softmax again after the bans, as
     # an imported model's renormalize_logits asks); else the model's log-probs over the whole vocabulary.
     renormalize: bool = False
+    # At the length limit EOS scores 0 (forced with probability 1, as generate's forced_eos_token_id);
+    # else EOS keeps the model's log-prob there.
+    forced_eos: bool = False
+    min_len: int = 0  # no EOS before this many output tokens (EOS excluded)
 
     def __post_init__(self) -> None:
         check_search_limits(self.beam_size, self.max_len_a, self.max_len_b, ("beam size", "max_len_a", "max_len_b"))
@@ -208,6 +215,8 @@ class DecodeConfig:
                 f"sampling temperature must be between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, got {self.temperature}"
             )
         check_seed(self.seed, "seed")
+        if self.min_len < 0:
+            raise TfmError(f"min_len must be >= 0, got {self.min_len}")
         if any(token < 0 for token in self.banned_ids):
             raise TfmError(f"banned token ids must be >= 0, got {list(self.banned_ids)}")
 

@@ -17,6 +17,7 @@ from tfm_cli.textio import INPUT_PAUSE_S, read_chunks
 if TYPE_CHECKING:
     import torch
 
+    from tfm_cli.length_penalty import LengthPenalty
     from tfm_cli.model import Transformer
     from tfm_cli.tokenizer import Tokenizer
 
@@ -192,7 +193,7 @@ class SentenceScore:
 
     raw: float  # sum of natural-log token log-probs, EOS included
     n_tokens: int  # target tokens scored, EOS included
-    length_normalized: float  # raw / search.length_penalty(n_tokens, alpha): translate's normalised score
+    length_normalized: float  # raw normalised by the length penalty rule at n_tokens: translate's normalised score
     token_log_probs: tuple[float, ...]  # per target token, EOS last
 
     @property
@@ -201,7 +202,7 @@ class SentenceScore:
         return self.raw / self.n_tokens
 
     def value(self, normalize: str) -> float:
-        """The score under `normalize`: none (raw), length (GNMT penalty), or per-token."""
+        """The score under `normalize`: none (raw), length (the length penalty rule's), or per-token."""
         if normalize == "none":
             return self.raw
         if normalize == "length":
@@ -243,16 +244,15 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | st
 
 
 def score_id_pairs(
-    model: Transformer, pairs: list[tuple[list[int], list[int]]], alpha: float,
+    model: Transformer, pairs: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty,
     excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score one batch of (source ids, target ids) pairs, without EOS (it is appended here).
 
-    Returns one SentenceScore per pair, in the order given. `excluded_ids`: see token_log_probs.
+    Returns one SentenceScore per pair, in the order given, normalised by `length_penalty` (the rule
+    translate uses). `excluded_ids`: see token_log_probs.
     """
     import torch
-
-    from tfm_cli.inference.search import length_penalty
 
     if not pairs:
         return []
@@ -267,7 +267,7 @@ def score_id_pairs(
         n_tokens = len(tgt_ids) + 1
         values = log_probs[row, :n_tokens].tolist()
         raw = float(log_probs[row, :n_tokens].double().sum())
-        scores.append(SentenceScore(raw, n_tokens, raw / length_penalty(n_tokens, alpha), tuple(values)))
+        scores.append(SentenceScore(raw, n_tokens, length_penalty.normalise(raw, n_tokens), tuple(values)))
     return scores
 
 
@@ -285,7 +285,7 @@ def score_text_pairs(
     src_tokenizer: Tokenizer,
     tgt_tokenizer: Tokenizer,
     pairs: Iterable[tuple[str, str]],
-    alpha: float = 0.6,
+    length_penalty: LengthPenalty,
     batch_size: int = 32,
     window_batches: int = 8,
     pause_s: float = INPUT_PAUSE_S,
@@ -297,7 +297,7 @@ def score_text_pairs(
     `batch_size * window_batches`; a window also ends when the input pauses `pause_s` seconds, so
     an interactive pipe gets its scores at once. Each window is sorted by length so batches carry
     little padding, scored in batches of `batch_size`, and yielded in input order: memory stays
-    bounded and results stream. `alpha` is the GNMT exponent of SentenceScore.length_normalized;
+    bounded and results stream. `length_penalty` gives SentenceScore.length_normalized;
     `excluded_ids`: see token_log_probs.
     """
     if batch_size < 1:
@@ -310,11 +310,11 @@ def score_text_pairs(
             src_ids, tgt_ids = src_tokenizer.encode_ids(src_text), tgt_tokenizer.encode_ids(tgt_text)
             check_lengths(src_ids, tgt_ids, model.config.max_positions, line)
             window.append((src_ids, tgt_ids))
-        yield from score_window(model, window, alpha, batch_size, excluded_ids)
+        yield from score_window(model, window, length_penalty, batch_size, excluded_ids)
 
 
 def score_window(
-    model: Transformer, window: list[tuple[list[int], list[int]]], alpha: float, batch_size: int,
+    model: Transformer, window: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty, batch_size: int,
     excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score `window` in length-sorted batches; returns the scores in the window's original order."""
@@ -322,7 +322,7 @@ def score_window(
     results: dict[int, SentenceScore] = {}
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        results.update(zip(indices, score_id_pairs(model, [window[i] for i in indices], alpha, excluded_ids)))
+        results.update(zip(indices, score_id_pairs(model, [window[i] for i in indices], length_penalty, excluded_ids)))
     return [results[i] for i in range(len(window))]
 
 

@@ -7,7 +7,9 @@ decoding.TransformerDecoder, which also makes every result batch-invariant.
 
 Score convention, shared by `translate`, `score -m` and the tests:
   raw score   = sum of log p(y_t | y_<t, x) over the output tokens, EOS included (natural log);
-  normalised  = raw / length_penalty(len), len = number of output tokens including EOS.
+  normalised  = raw / divisor(len), len = number of output tokens including EOS, divisor the
+                length penalty's (length_penalty.LengthPenalty: GNMT's for tfm's models, n ** alpha
+                for imported ones). Token constraints are step_masks'.
 """
 
 from __future__ import annotations
@@ -18,16 +20,9 @@ import torch
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.decoding import StepDecoder, TransformerDecoder
-from tfm_cli.errors import TfmError
+from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
+from tfm_cli.inference.step_masks import mask_step, step_masks
 from tfm_cli.model import Transformer
-
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016; the paper's section 6.1).
-
-    `length` counts output tokens including EOS. alpha = 0 gives 1.0 (no normalisation).
-    """
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 @dataclass
@@ -38,50 +33,9 @@ class Hypothesis:
     score: float  # raw score: sum of token log-probs, EOS included when the output ended with it
     finished: bool  # True if the model chose EOS; False if EOS was forced at the length limit
 
-    def normalised_score(self, alpha: float) -> float:
-        """raw score / length_penalty(len(tokens) + 1, alpha): EOS counts in the length."""
-        return self.score / length_penalty(len(self.tokens) + 1, alpha)
-
-
-def banned_tokens(decoder: StepDecoder, no_unk: bool = False, banned_ids: tuple[int, ...] = ()) -> torch.Tensor:
-    """(V,) bool over the target vocabulary: the tokens no search may ever generate.
-
-    Padding and BOS are never outputs (a model still gives them some probability: their pieces
-    would vanish from the text but count in the score); with `no_unk`, neither is UNK (as Marian's
-    and fairseq's --no-unk / --unkpen); nor is any of `banned_ids` (an imported model's bad_words_ids).
-    Raises TfmError for a banned id outside the vocabulary.
-    """
-    banned = torch.zeros(decoder.vocab_size, dtype=torch.bool)
-    banned[[decoder.pad_id, decoder.bos_id]] = True
-    if no_unk:
-        banned[decoder.unk_id] = True
-    outside = [token for token in banned_ids if token >= decoder.vocab_size]
-    if outside:
-        raise TfmError(f"banned token id {outside[0]} is outside the target vocabulary ({decoder.vocab_size} ids)")
-    banned[list(banned_ids)] = True
-    return banned
-
-
-def best_possible_score(raw_score: float, shortest: int, longest: int, alpha: float) -> float:
-    """The highest normalised score any extension of a live hypothesis can still reach.
-
-    raw_score: the hypothesis' raw score now (<= 0; extending only adds log-probs <= 0);
-    shortest/longest: the fewest and most output tokens (EOS included) it can end with. Returns
-    raw_score / length_penalty(L) at whichever end L is higher (the penalty is monotone in L).
-    """
-    return max(raw_score / length_penalty(shortest, alpha), raw_score / length_penalty(longest, alpha))
-
-
-def sentence_is_decided(hypotheses: list[Hypothesis], nbest: int, best_live: float, alpha: float) -> bool:
-    """True when no live hypothesis can enter the `nbest` best finished ones any more.
-
-    best_live: best_possible_score of the best live hypothesis. A later hypothesis with an equal
-    score would rank after the earlier ones (the final sort is stable), so ties count as decided.
-    """
-    if len(hypotheses) < nbest:
-        return False
-    scores = sorted((h.normalised_score(alpha) for h in hypotheses), reverse=True)
-    return scores[nbest - 1] >= best_live
+    def normalised_score(self, rule: LengthPenalty) -> float:
+        """The raw score normalised by `rule` at len(tokens) + 1: EOS counts in the length."""
+        return rule.normalise(self.score, len(self.tokens) + 1)
 
 
 @torch.inference_mode()
@@ -106,21 +60,21 @@ def greedy_search(
 
 
 def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypothesis]]:
-    """Beam search with the GNMT length penalty; finished sentences leave the batch.
+    """Beam search scored by `config`'s length penalty rule; finished sentences leave the batch.
 
     Returns per sentence its `config.nbest` best hypotheses, best first by normalised score (see
     the module docstring). Each step extends every live beam by every token (beam * vocab
     candidates), keeps the top 2 * beam; EOS candidates among the top `beam` become finished
     hypotheses, the best `beam` others continue. The first step runs one row per sentence (all
-    beams would be the same). A sentence stops once it has `beam` finished hypotheses (as fairseq),
-    or earlier once no live beam can reach its `nbest` best finished ones (see
-    `best_possible_score`: this changes no output, it only skips steps whose results could not be
-    returned); at the length limit a * src_len + b every beam is closed with EOS (finished=False).
-    `banned_tokens` are never generated. With beam 1 this is greedy search.
+    beams would be the same). The rule says when a sentence stops (LengthPenalty.sentence_is_done:
+    GNMT's once it has `beam` finished hypotheses, as fairseq, or earlier once no live beam can
+    reach its `nbest` best; Hugging Face's heuristic for `hf`); at the length limit
+    a * src_len + b every beam is closed with EOS (finished=False). The step masks
+    (step_masks.mask_step) say what may follow. With beam 1 this is greedy search.
     """
     eos = decoder.eos_id
-    beam, alpha = config.beam_size, config.length_penalty
-    banned_ids = banned_tokens(decoder, config.no_unk, config.banned_ids).nonzero().view(-1)  # (n_banned,)
+    beam, rule = config.beam_size, decode_length_penalty(config)
+    masks = step_masks(decoder, config)
     n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
@@ -128,7 +82,9 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
     decoder.start(width, grouped=True)
     max_lengths = decoder.max_lengths(config.max_len_a, config.max_len_b)
     alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
+    alive_limits = torch.tensor(max_lengths, dtype=torch.long)  # (n,) limit of each live sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sentences)]
+    finished_scores: list[list[float]] = [[] for _ in range(n_sentences)]  # their normalised scores
     # (n, width) raw scores of the live rows; only row 0 is live at the start, so the first step
     # does not pick the same token `width` times.
     scores = torch.full((n_sentences, width), float("-inf"))
@@ -138,19 +94,10 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
     step = 0
     while alive:
         n_alive = len(alive)
-        log_probs = decoder.step(tokens)  # (R, V), a new tensor
-        device = log_probs.device
-        log_probs.index_fill_(1, banned_ids.to(device), float("-inf"))
-        if config.renormalize:  # over what may follow; the length limit below then only closes beams
-            torch.log_softmax(log_probs, dim=-1, out=log_probs)
+        log_probs = decoder.step(tokens)  # (R, V), a new tensor, masked in place
+        closing = mask_step(log_probs, masks, step, alive_limits.repeat_interleave(width))  # (R,)
+        at_limit = closing.view(n_alive, width)[:, 0].tolist()  # a sentence's rows share its limit
         vocab = log_probs.size(1)
-        at_limit = [max_lengths[sentence] <= step for sentence in alive]
-        if any(at_limit):
-            # At the length limit only EOS may follow, so every output ends cleanly.
-            closing = torch.tensor(at_limit, device=device).repeat_interleave(width)[:, None]  # (R, 1)
-            not_eos = torch.ones(vocab, dtype=torch.bool, device=device)
-            not_eos[eos] = False
-            log_probs.masked_fill_(closing & not_eos, float("-inf"))
         # The best 2k of a sentence's width * V candidates are among the best 2k of each of its rows,
         # so each row is cut to its best 2k first and only those get the row's score added.
         row_best, row_tokens = log_probs.topk(min(2 * beam, vocab), dim=1)  # (R, c) each
@@ -165,23 +112,22 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
         if bool(closing_eos.any()):
             for index, rank in closing_eos.nonzero().tolist():
                 row = index * width + int(top_beams[index, rank])
-                finished[alive[index]].append(Hypothesis(
-                    tokens=history[row].tolist(), score=float(top_scores[index, rank]),
-                    finished=not at_limit[index],
-                ))
+                hypothesis = Hypothesis(
+                    tokens=history[row].tolist(), score=float(top_scores[index, rank]), finished=not at_limit[index],
+                )
+                finished[alive[index]].append(hypothesis)
+                finished_scores[alive[index]].append(hypothesis.normalised_score(rule))
         # The best `beam` non-EOS candidates continue: a stable sort puts EOS ones last.
         order = is_eos.to(torch.int8).argsort(dim=1, stable=True)[:, :beam]  # (n, k)
         next_scores = top_scores.gather(1, order)
         best_live = next_scores[:, 0].tolist()  # the first continuing candidate is the best one
-        done = []
-        for index, sentence in enumerate(alive):
-            hypotheses = finished[sentence]
-            # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
-            if at_limit[index] or len(hypotheses) >= beam:
-                done.append(True)
-            else:
-                reachable = best_possible_score(best_live[index], step + 2, max_lengths[sentence] + 1, alpha)
-                done.append(sentence_is_decided(hypotheses, config.nbest, reachable, alpha))
+        # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
+        done = [
+            at_limit[index] or rule.sentence_is_done(
+                finished_scores[sentence], beam, config.nbest, best_live[index], step, max_lengths[sentence]
+            )
+            for index, sentence in enumerate(alive)
+        ]
         sentence_offsets = torch.arange(n_alive)[:, None] * width  # (n, 1)
         next_rows = (sentence_offsets + top_beams.gather(1, order)).view(-1)  # (n * beam,)
         next_tokens = top_tokens.gather(1, order).view(-1)
@@ -191,6 +137,7 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
             if not alive:
                 break
             keep_index = torch.tensor(keep, dtype=torch.long)
+            alive_limits = alive_limits.index_select(0, keep_index)
             next_scores = next_scores.index_select(0, keep_index)
             next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
@@ -198,7 +145,7 @@ def search_beams(decoder: StepDecoder, config: DecodeConfig) -> list[list[Hypoth
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
         scores, tokens, width = next_scores, next_tokens, beam
         step += 1
-    return [sorted(hyps, key=lambda h: -h.normalised_score(alpha))[: config.nbest] for hyps in finished]
+    return [sorted(hyps, key=lambda h: -h.normalised_score(rule))[: config.nbest] for hyps in finished]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -233,12 +180,12 @@ def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int])
     seeds: one per sentence, each sentence with its own random generator, so its samples depend on
     its seed only (not on its batch). Tokens are drawn from softmax(log-probs / temperature)
     restricted to top-k / top-p; the reported score is the model's own log-probability (temperature 1,
-    unfiltered), as `score -m` computes it. `banned_tokens` are never drawn. Returns per sentence
-    its samples sorted by normalised score.
+    unfiltered), as `score -m` computes it. The step masks (step_masks.mask_step) say what may be
+    drawn. Returns per sentence its samples sorted by normalised score.
     """
     eos = decoder.eos_id
     per_sentence = config.nbest
-    banned = banned_tokens(decoder, config.no_unk, config.banned_ids)
+    masks = step_masks(decoder, config)
     decoder.start(per_sentence, grouped=False)  # samples end one by one
     max_lengths = torch.tensor(decoder.max_lengths(config.max_len_a, config.max_len_b))
     n_rows = decoder.n_sentences * per_sentence
@@ -254,15 +201,13 @@ def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int])
     scores = [0.0] * n_rows
     ended = [False] * n_rows
     for step in range(int(max_lengths.max()) + 1):
-        log_probs = decoder.step(tokens).cpu()  # (b, V)
-        allowed = log_probs.masked_fill(banned, float("-inf"))
-        if config.renormalize:  # the scores too are then over what may be drawn
-            log_probs = allowed = torch.log_softmax(allowed, dim=-1)
-        probs = torch.softmax(filter_logits(allowed / config.temperature, config.sample_top_k, config.sample_top_p), -1)
-        at_limit = (row_limits[active] <= step).tolist()
+        log_probs = decoder.step(tokens).cpu()  # (b, V), masked in place: with renormalize the scores
+        # too are over what may be drawn; the masks change no drawn token's own score otherwise.
+        at_limit = mask_step(log_probs, masks, step, row_limits[active]).tolist()
+        probs = torch.softmax(filter_logits(log_probs / config.temperature, config.sample_top_k, config.sample_top_p), -1)
         choices = []
         for i, row in enumerate(active.tolist()):
-            if at_limit[i]:
+            if at_limit[i]:  # no draw: the sentence's generator stays where its other samples expect it
                 choices.append(eos)
             else:
                 choices.append(int(torch.multinomial(probs[i], 1, generator=generators[row])))
@@ -284,8 +229,8 @@ def search_samples(decoder: StepDecoder, config: DecodeConfig, seeds: list[int])
             active, chosen = active[keep_index], chosen[keep_index]
         tokens = chosen
     samples = [Hypothesis(tokens=out, score=s, finished=f) for out, s, f in zip(outputs, scores, ended)]
-    alpha = config.length_penalty
+    rule = decode_length_penalty(config)
     return [
-        sorted(samples[i * per_sentence : (i + 1) * per_sentence], key=lambda h: -h.normalised_score(alpha))
+        sorted(samples[i * per_sentence : (i + 1) * per_sentence], key=lambda h: -h.normalised_score(rule))
         for i in range(decoder.n_sentences)
     ]

@@ -28,6 +28,7 @@ from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.decoding import TransformerDecoder, padded_length, source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
+from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
 from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
 
@@ -75,7 +76,7 @@ class Output:
     ids: list[int]  # output token ids, EOS excluded
     pieces: list[str]
     raw_score: float  # sum of token log-probs, EOS included
-    score: float  # raw_score / length_penalty(len(pieces) + 1, alpha)
+    score: float  # raw_score normalised by the decoding's length penalty rule at len(pieces) + 1
     finished: bool  # False if EOS was forced at the length limit
     alignment: list[tuple[int, int]] | None = None  # word-level (src, tgt) pairs
     words: list[tuple[int, int]] | None = None  # character offsets [start, end) of each output word
@@ -112,7 +113,8 @@ class OutputFormat:
     scores: bool = False
     alignment: bool = False
     json: bool = False
-    length_penalty: float = 0.6
+    # The rule the scores were normalised with (--json states its formula).
+    length_penalty: LengthPenalty = field(default_factory=lambda: decode_length_penalty(DecodeConfig()))
 
 
 class Translator:
@@ -133,6 +135,7 @@ class Translator:
         self.loaded = loaded
         self.model = loaded.model
         self.decode = decode
+        self.length_penalty = decode_length_penalty(decode)
         self.batching = batching
         self.alignment = alignment
         self.source_prefix = list(source_prefix)
@@ -187,7 +190,7 @@ class Translator:
             ids=hypothesis.tokens,
             pieces=[tokenizer.id_to_piece(t) for t in hypothesis.tokens],
             raw_score=hypothesis.score,
-            score=hypothesis.normalised_score(self.decode.length_penalty),
+            score=hypothesis.normalised_score(self.length_penalty),
             finished=hypothesis.finished,
         )
 
@@ -306,7 +309,6 @@ def format_line(line: TranslatedLine, output_format: OutputFormat) -> str:
 
 def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
     """The `--json` object of one line (schema JSON_SCHEMA, documented in README.md)."""
-    alpha = output_format.length_penalty
     hypotheses = []
     for output in line.outputs:
         hypothesis = {
@@ -328,7 +330,7 @@ def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
         "source": line.source,
         "translation": best["translation"] if best else "",
         "score": best["score"] if best else None,
-        "score_normalisation": f"raw / ((5 + n) / 6) ** {alpha}, n = output tokens including EOS",
+        "score_normalisation": f"raw / {output_format.length_penalty.formula()}, n = output tokens including EOS",
         "raw_score": best["raw_score"] if best else None,
         "tokens": best["tokens"] if best else [],
         "truncated": line.truncated,

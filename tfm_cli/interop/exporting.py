@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 from tfm_cli.checkpoint import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
+from tfm_cli.length_penalty import length_penalty_of
 from tfm_cli.interop.marian_names import layer_modules
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder
@@ -159,9 +160,10 @@ def never_generated(checkpoint: Checkpoint) -> list[int]:
 def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     """generation_config.json: how tfm decodes this model by default, as far as `generate` can say it.
 
-    The beam size, length penalty exponent and never-generated tokens carry over (`tfm import` reads
-    them back). A fixed length limit (max_len_a = 0, as imported models have) becomes max_length;
-    tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
+    The beam size, the length penalty (as generate applies it: exact for the `hf` rule of imported
+    models; GNMT's has no `generate` equivalent, so its alpha stands as is), forced EOS and the
+    never-generated tokens carry over (`tfm import` reads them back). A fixed length limit
+    (max_len_a = 0, as imported models have) becomes max_length; tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
     model's position limit stands in for it.
     """
     config = checkpoint.config
@@ -171,10 +173,10 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
         "decoder_start_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
-        "forced_eos_token_id": None,
+        "forced_eos_token_id": config.eos_id if defaults["forced_eos"] else None,
         "bad_words_ids": [[token] for token in never_generated(checkpoint)],
         "num_beams": int(defaults["beam_size"]),
-        "length_penalty": float(defaults["length_penalty"]),
+        "length_penalty": length_penalty_of(defaults["length_penalty_kind"], defaults["length_penalty"]).generate_length_penalty(),
         # generate counts the decoder start token and EOS in max_length; tfm's max_len_b counts neither.
         "max_length": int(defaults["max_len_b"]) + 2 if fixed_limit else config.max_positions,
         "renormalize_logits": bool(defaults["renormalize"]),

@@ -44,8 +44,10 @@ MARIAN_LAYOUT = {
     "is_encoder_decoder": True,
 }
 # Generation settings tfm's searches do not have: any value but the neutral one is refused.
+HF_LENGTH_PENALTY = 1.0  # GenerationConfig's default length_penalty
 NEUTRAL_GENERATION = {
     "do_sample": False,
+    "early_stopping": False,  # the stop tfm's `hf` length penalty rule implements
     "num_beam_groups": 1,
     "diversity_penalty": 0.0,
     "no_repeat_ngram_size": 0,
@@ -423,12 +425,14 @@ def read_sentencepiece(path: Path) -> bytes:
 
 def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str, int]) -> dict[str, Any]:
     """The DecodeConfig fields the model's generation settings state (generation_config.json, else the
-    legacy fields of config.json): beam size, length penalty, length limit, banned tokens and renormalize.
+    legacy fields of config.json): beam size, length penalty, length limit, banned tokens, renormalize
+    and forced EOS.
 
-    Settings the folder does not state keep tfm's defaults. HF's max_length counts the decoder start
-    token and EOS, so it becomes max_len_b = max_length - 2 with max_len_a = 0. The length penalty
-    keeps its value but tfm applies it as GNMT's ((5 + n) / 6) ** alpha. Raises TfmError naming a
-    setting tfm's searches do not implement.
+    Settings the folder does not state keep tfm's defaults, but for the length penalty: it is applied
+    as generate applies it (kind `hf`: n ** alpha and generate's beam stop), with generate's default
+    alpha 1.0 when unstated. HF's max_length counts the decoder start token and EOS, so it becomes
+    max_len_b = max_length - 2 with max_len_a = 0. Raises TfmError naming a setting tfm's searches
+    do not implement.
     """
     path = folder / GENERATION_FILE
     settings, where = (read_json_object(path), GENERATION_FILE) if path.is_file() else (config, CONFIG_FILE)
@@ -440,7 +444,9 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
                       ("forced_eos_token_id", "eos_id")):
         if settings.get(name) is not None and settings[name] != special[own]:
             raise TfmError(f"{where}: {name}={json.dumps(settings[name])} differs from the model's {special[own]}")
-    defaults: dict[str, Any] = {}
+    defaults: dict[str, Any] = {"length_penalty_kind": "hf", "length_penalty": HF_LENGTH_PENALTY}
+    if settings.get("forced_eos_token_id") is not None:  # EOS at generate's length limit scores 0
+        defaults["forced_eos"] = True
     if "num_beams" in settings:
         defaults["beam_size"] = generation_int(settings, "num_beams", where, minimum=1)
     if "length_penalty" in settings:
