@@ -201,3 +201,188 @@ def rewritten_checkpoint(source: Path, target: Path, metadata=None, tensors=None
         tensors(weights)
     save_file(weights, str(target), metadata=meta)
     return target
+
+
+# Test tiers (tests/README.md, "Test tiers"). Every test carries exactly one of these markers, so that
+# `python -m pytest -m unit` is the inner loop (seconds) while plain `python -m pytest` (CI, the README)
+# still runs everything. unit: pure functions and tiny in-process models, no files beyond a few small
+# ones, no process, no training of more than a few steps, each test well under a second. integration:
+# in-process CLI runs (run_cli), small trainings, checkpoints on disk. system: real processes
+# (subprocess, run_tfm_process, Popen, torchrun), signals, pipes, mounts, the Multi30k data, the
+# transformers / ctranslate2 references, a GPU.
+TIERS = ("unit", "integration", "system")
+
+# The one place that assigns tiers: each test module's tier, by module name. A new test module gets a line here.
+MODULE_TIERS: dict[str, str] = {
+    "test_alignment": "unit",
+    "test_allocator": "system",
+    "test_answers_each_line": "system",
+    "test_attention": "unit",
+    "test_average": "integration",
+    "test_bad_input": "integration",
+    "test_cache_command": "system",
+    "test_checkpoint": "integration",
+    "test_checkpoint_metadata": "integration",
+    "test_cli": "integration",
+    "test_corpus_cache": "integration",
+    "test_cuda": "system",
+    "test_data": "unit",
+    "test_decode_section": "integration",
+    "test_decode_settings": "integration",
+    "test_decoder_state": "unit",
+    "test_dependencies": "unit",
+    "test_disk_full": "system",
+    "test_dropout": "unit",
+    "test_export": "system",
+    "test_help": "integration",
+    "test_import_marian": "system",
+    "test_inspect_attention": "integration",
+    "test_inspect_synthetic": "integration",
+    "test_kernels": "unit",
+    "test_length_penalty": "unit",
+    "test_lr_schedule": "integration",
+    "test_model": "unit",
+    "test_module_layout": "unit",
+    "test_multi30k_recipe": "system",
+    "test_option_ranges": "integration",
+    "test_precision": "integration",
+    "test_score_metrics": "integration",
+    "test_score_model": "integration",
+    "test_search": "integration",
+    "test_search_scripted": "unit",
+    "test_step_masks": "unit",
+    "test_step_threads": "integration",
+    "test_streams": "system",
+    "test_synthetic": "unit",
+    "test_threads_option": "integration",
+    "test_tiers": "unit",
+    "test_tokenize_cli": "integration",
+    "test_train_cli": "integration",
+    "test_train_config": "unit",
+    "test_train_corpora": "integration",
+    "test_train_distributed": "system",
+    "test_train_init": "integration",
+    "test_train_learns": "integration",
+    "test_train_units": "unit",
+    "test_train_validation": "integration",
+    "test_translate": "integration",
+    "test_translate_degenerate": "integration",
+    "test_translate_process": "system",
+    "test_usage_errors": "integration",
+    "test_wrong_shapes": "integration",
+}
+
+# Tests whose tier differs from their module's, by "module::test_function" (every parametrization of it).
+TEST_TIERS: dict[str, str] = {
+    # unit: textio.read_chunks on a generator, no process
+    "test_answers_each_line::test_read_chunks_hands_out_the_lines_before_a_bad_one_then_raises": "unit",
+    "test_answers_each_line::test_read_chunks_reads_at_most_two_chunks_ahead": "unit",
+    # system: real processes, signals, pipes
+    "test_bad_input::test_translate_ten_thousand_lines_through_a_pipe": "system",
+    "test_bad_input::test_ctrl_c_during_translate_leaves_a_complete_prefix": "system",
+    "test_bad_input::test_a_signal_while_writing_an_output_file_exits_128_plus_its_number_and_leaves_nothing": "system",
+    "test_bad_input::test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one": "system",
+    "test_cache_command::test_a_missing_cache_folder_is_one_line": "integration",
+    "test_cli::test_help_lists_every_subcommand_without_importing_torch": "system",
+    "test_cli::test_python_dash_m_entry_point": "system",
+    "test_corpus_cache::test_two_processes_preparing_the_same_entry_at_once_prepare_it_once": "system",
+    "test_corpus_cache::test_only_temp_folders_that_tfm_made_and_whose_preparer_is_dead_are_removed": "system",
+    "test_corpus_cache::test_a_training_run_starting_on_a_shared_cache_keeps_folders_it_did_not_make": "system",
+    # unit: the settings rule itself, without a checkpoint
+    "test_decode_settings::test_a_flag_beats_the_model_which_beats_the_built_in_default": "unit",
+    "test_decode_settings::test_settings_that_do_not_fit_together_are_refused": "unit",
+    "test_help::test_every_command_was_found": "unit",
+    "test_help::test_every_extra_users_are_told_to_install_exists": "unit",
+    "test_lr_schedule::test_linear_and_cosine_warm_up_then_reach_zero_at_the_end_of_the_budget": "unit",
+    "test_lr_schedule::test_schedule_settings_that_cannot_work_are_refused": "unit",
+    "test_module_layout::test_config_imports_no_other_tfm_module_but_errors_and_special_ids": "system",
+    # unit: CPU capability flags, int8 and bf16 layers; the rest translates with the trained model
+    "test_precision::test_cpu_support_reads_the_capability_flags": "unit",
+    "test_precision::test_auto_picks_bf16_only_where_the_cpu_has_it": "unit",
+    "test_precision::test_explicit_bf16_without_native_support_runs_with_a_warning": "unit",
+    "test_precision::test_int8_runs_with_or_without_vnni": "unit",
+    "test_precision::test_int8_on_cuda_and_unknown_values_are_refused": "unit",
+    "test_precision::test_int8_matrix_product_is_exact_at_the_extremes": "unit",
+    "test_precision::test_int8_without_vnni_is_exact_where_16_bit_pair_sums_would_overflow": "unit",
+    "test_precision::test_int8_linear_computes_its_quantised_product": "unit",
+    "test_precision::test_quantize_rows_keeps_zero_rows_finite": "unit",
+    "test_precision::test_reduced_linear_layers_are_close_and_batch_invariant": "unit",
+    "test_score_metrics::test_a_terminal_gets_a_table": "system",
+    "test_score_metrics::test_metric_scoring_does_not_import_torch": "system",
+    "test_score_model::test_interactive_target_lines_are_scored_before_the_input_ends": "system",
+    # unit: tiny random models and hand-made inputs; the rest searches the 150-step trained model
+    "test_search::test_length_penalty_is_the_gnmt_formula": "unit",
+    "test_search::test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary": "unit",
+    "test_search::test_length_limit_closes_every_beam_with_eos": "unit",
+    "test_search::test_top_k_and_top_p_filtering_by_hand": "unit",
+    "test_search::test_decode_config_names_bad_values": "unit",
+    "test_search::test_no_search_outputs_padding_or_bos_and_no_unk_bans_unk": "unit",
+    "test_step_threads::test_only_a_passive_wait_policy_makes_threads_sleep": "unit",
+    "test_step_threads::test_passive_steps_pick_their_mode_by_work": "unit",
+    "test_step_threads::test_on_threads_gives_the_count_back": "unit",
+    "test_step_threads::test_one_thread_gives_the_count_back": "unit",
+    # integration: output files, devices and symbolic links, in-process; the rest are pipes, FIFOs and processes
+    "test_streams::test_a_symlink_output_replaces_the_file_it_names_and_stays_a_link": "integration",
+    "test_streams::test_a_device_output_is_written_in_place": "integration",
+    "test_streams::test_a_symbolic_link_loop_is_named": "integration",
+    "test_streams::test_a_link_to_dev_null_is_written_in_place": "integration",
+    "test_streams::test_a_chain_of_links_to_a_regular_file_replaces_the_file_and_keeps_the_links": "integration",
+    "test_tokenize_cli::test_special_ids_are_fixed": "unit",
+    "test_tokenize_cli::test_encode_into_closed_pipe_is_quiet": "system",
+    "test_tokenize_cli::test_ten_thousand_lines_through_a_pipe": "system",
+    "test_train_cli::test_a_signal_saves_a_checkpoint_then_exits_128_plus_its_number": "system",
+    "test_train_cli::test_a_second_sigterm_aborts_at_once_and_still_exits_143": "system",
+    "test_train_cli::test_a_sigterm_while_the_data_is_prepared_exits_143": "system",
+    "test_train_cli::test_sigkill_loses_only_the_steps_since_the_last_save": "system",
+    "test_train_config::test_every_shipped_recipe_loads_and_points_at_existing_data": "system",
+    "test_train_corpora::test_a_sweep_starting_together_on_a_shared_cache_prepares_everything_once": "system",
+    "test_train_init::test_an_imported_marian_model_trains_on_its_own_special_ids": "system",
+    # integration: these train a tiny model for tens of steps (seconds); the rest are formulas by hand
+    "test_train_units::test_update_freq_accumulation_equals_one_big_batch": "integration",
+    "test_train_units::test_fp16_loss_scaler_skips_and_reports_an_overflowing_update": "integration",
+    "test_train_units::test_an_inf_nan_loss_skips_the_update_in_fp32": "integration",
+    "test_train_units::test_the_padding_row_stays_zero_through_training": "integration",
+    "test_train_validation::test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint": "system",
+    "test_translate::test_read_chunks_answers_a_pause_before_the_chunk_is_full": "unit",
+    "test_translate::test_a_terminal_on_stdin_is_told_where_input_is_read": "system",
+    "test_usage_errors::test_a_real_process_reports_usage_errors_the_same_way": "system",
+    "test_wrong_shapes::test_a_recipe_read_from_a_pipe_works": "system",
+}
+
+TIER_PROBLEM = pytest.StashKey[str]()
+
+
+def tier_of(item: pytest.Item) -> tuple[str | None, str | None]:
+    """(the tier `item` belongs to, None) or (None, what is wrong): a tier marker written on the test or
+    its module wins, then TEST_TIERS, then MODULE_TIERS."""
+    module = item.path.stem
+    key = f"{module}::{getattr(item, 'originalname', item.name)}"
+    marked = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+    if len(marked) > 1:
+        return None, f"{key} has more than one tier marker ({', '.join(marked)}): keep exactly one"
+    if marked and key in TEST_TIERS:
+        return None, (f"{key} has two tiers: @pytest.mark.{marked[0]} in its module and {TEST_TIERS[key]!r} "
+                      f"in TEST_TIERS (tests/conftest.py): keep one")
+    tier = marked[0] if marked else TEST_TIERS.get(key, MODULE_TIERS.get(module))
+    if tier is None:
+        return None, (f"{item.path.name} has no test tier: add \"{module}\": \"unit\" | \"integration\" | \"system\" "
+                      f"to MODULE_TIERS in tests/conftest.py (tiers: tests/README.md, 'Test tiers')")
+    return tier, None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier; a test without exactly one tier fails (pytest_runtest_setup)."""
+    for item in items:
+        tier, problem = tier_of(item)
+        if problem:
+            item.stash[TIER_PROBLEM] = problem
+        elif not any(mark.name == tier for mark in item.iter_markers()):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that has no tier or more than one, before it runs, saying where to give it one."""
+    problem = item.stash.get(TIER_PROBLEM, None)
+    if problem:
+        pytest.fail(problem, pytrace=False)
