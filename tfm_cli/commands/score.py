@@ -24,7 +24,8 @@ EPILOG = (
     "  tfm translate -m model.safetensors < test.de | tfm score -r test.en --metrics bleu,chrf++ --json\n\n"
     "  tfm score -m model.safetensors --src test.de --tgt test.en --normalize per-token\n\n"
     "Model scores use natural logs and count EOS: with n = target tokens + 1, raw = sum of the n "
-    "log-probs; the default --normalize length prints raw / ((5 + n) / 6) ** alpha, which equals "
+    "log-probs; the default --normalize length prints raw / the model's length penalty (GNMT's ((5 + n) / 6) "
+    "** alpha, n ** alpha for imported models), which equals "
     "`tfm translate --scores` with the same --length-penalty."
 )
 
@@ -41,8 +42,8 @@ def score(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="Score --tgt given --src with this checkpoint (forced decoding) instead of metrics."),
     src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
-    normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / ((5 + n) / 6) ** alpha: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
-    alpha: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"With -m: GNMT alpha for --normalize length (as translate's --length-penalty); {model_default_note('length_penalty')}."),
+    normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / the model's length penalty: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
+    alpha: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"With -m: length-penalty alpha for --normalize length (as translate's --length-penalty); {model_default_note('length_penalty')}."),
     batch_size: int = typer.Option(32, "--batch-size", help="With -m: sentences per batch."),
     device: str = device_option('With -m: '),
     dtype: str = dtype_option('With -m: '),

@@ -31,7 +31,8 @@ EPILOG = (
     "\\[decode] section of the recipe it was trained with, or an imported model's generation config); "
     "flags given here override them, and stderr says which settings were used.\n\n"
     "Scores are natural-log probabilities: the sum over the output tokens, EOS included, divided by "
-    "the GNMT length penalty ((5 + n) / 6) ** alpha with n = output tokens + 1 (EOS). They equal "
+    "the model's length penalty with n = output tokens + 1 (EOS): GNMT's ((5 + n) / 6) ** alpha for tfm's "
+    "models, n ** alpha (as generate) for imported ones; --json states it. They equal "
     "`tfm score -m MODEL --src SRC --tgt OUT --normalize length --length-penalty ALPHA`."
 )
 
@@ -53,7 +54,7 @@ def translate(
     # Flags a checkpoint may bring defaults for default to None (= not given; see inference/settings.py),
     # the others to DecodeConfig's own defaults.
     beam: Optional[int] = typer.Option(None, "-b", "--beam", help=f"Beam size (1 = greedy); {model_default_note('beam_size')}."),
-    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"GNMT length-penalty alpha ((5 + n) / 6) ** alpha; 0 = raw sum of log-probs; {model_default_note('length_penalty')}."),
+    length_penalty: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"Length-penalty alpha, applied by the model's rule (GNMT's ((5 + n) / 6) ** alpha; n ** alpha for imported models); 0 = raw sum of log-probs; {model_default_note('length_penalty')}."),
     max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=f"Output length limit a * src_len + b (subword tokens): a; {model_default_note('max_len_a')}."),
     max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=f"Output length limit a * src_len + b: b; {model_default_note('max_len_b')}."),
     nbest: int = typer.Option(decode_default("nbest"), "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
@@ -64,7 +65,7 @@ def translate(
     seed: int = typer.Option(decode_default("seed"), "--seed", help="With --sample: random seed (line i uses seed + i)."),
     no_unk: bool = typer.Option(decode_default("no_unk"), "--no-unk", help="Never output the unknown-word token <unk> (padding and <s> never are)."),
     target_lang: Optional[str] = typer.Option(None, "--target-lang", help="Multilingual models: the target language xx of the model's >>xx<< tags (prepended to every source)."),
-    scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / GNMT penalty)."),
+    scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / the model's length penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
     align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
     align_head: str = typer.Option("mean", "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads."),
@@ -78,10 +79,10 @@ def translate(
     progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
-    """Translate text: beam search with the GNMT length penalty, one output line per input line.
+    """Translate text: beam search with the model's length penalty, one output line per input line.
 
     Scores are natural-log probabilities summed over the output tokens with EOS counted, divided by
-    ((5 + n) / 6) ** alpha, n = tokens + 1: the same number `tfm score -m --normalize length` prints.
+    the model's length penalty at n = tokens + 1: the number `tfm score -m --normalize length` prints.
     """
 
     from tfm_cli.allocator import keep_freed_memory
