@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
-from tfm_cli.config import ModelShape, load_recipe
+
+from tfm_cli.config import ModelShape
 from tfm_cli.errors import TfmError
+from tfm_cli.recipe import load_recipe
 
 # Self-contained recipes (the quickstart's [data] is filled in by its own script).
 RECIPES = [REPO_ROOT / "recipes" / "tiny.toml", *sorted((REPO_ROOT / "recipes" / "multi30k").glob("*.toml"))]

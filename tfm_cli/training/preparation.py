@@ -14,7 +14,7 @@ import torch
 
 from tfm_cli import distributed
 from tfm_cli.cache_folder import remove_dead_temp_folders
-from tfm_cli.config import DataConfig, ModelConfig, Recipe, TrainCorpus
+from tfm_cli.config import ModelConfig
 from tfm_cli.corpus_cache import ContentCheck, prepare_corpus
 from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.data import TokenizedCorpus, count_tokens
@@ -22,6 +22,7 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.file_locks import exclusive_lock
 from tfm_cli.parallel_text import fingerprint
+from tfm_cli.recipe import DataConfig, Recipe, TrainCorpus
 from tfm_cli.textio import (
     atomic_write_pair,
     make_folder,
