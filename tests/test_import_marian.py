@@ -238,7 +238,9 @@ def test_beam_scores_equal_hugging_faces(imported, tmp_path):
     worst = 0.0
     for record, source in zip(records, imported.sources):
         target_ids = [vocab[piece] for piece in record["tokens"]] + [0]
-        reference = sum(hf_token_log_probs(imported, source, target_ids))
+        log_probs = hf_token_log_probs(imported, source, target_ids)
+        # EOS forced at the length limit scores 0, as generate's forced_eos_token_id gives it.
+        reference = sum(log_probs if record["nbest"][0]["finished"] else log_probs[:-1])
         worst = max(worst, abs(record["raw_score"] - reference))
     print(f"{imported.variant.name}: beam output scores, max abs diff {worst:.2e}")
     assert worst <= TOLERANCE, worst
@@ -598,12 +600,12 @@ def test_renormalized_scores_equal_generates(tmp_path, synthetic):
         for processor in renormalize:  # one position at a time, as generate applies them
             scores = torch.stack([processor(decoder_input[:, : t + 1], scores[t : t + 1])[0] for t in range(len(ids))])
         token_scores = scores.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
-        # generate's own scores, but where it forces EOS at its length limit (a score of 0; tfm keeps EOS's own).
+        # generate's own scores; EOS forced at its length limit scores 0 in both.
         closed = len(ids) == max_new_tokens
         for got, expected in zip(token_scores[: len(ids) - closed], generated):
             assert abs(got - expected) <= TOLERANCE
-        assert abs(record["raw_score"] - sum(token_scores)) <= TOLERANCE
-        assert abs(record["raw_score"] - sum(hf_token_log_probs(imported, source, ids))) > 10 * TOLERANCE
+        assert abs(record["raw_score"] - sum(token_scores[: len(ids) - closed])) <= TOLERANCE
+        assert abs(record["raw_score"] - sum(hf_token_log_probs(imported, source, ids)[: len(ids) - closed])) > 10 * TOLERANCE
     # score -m renormalises too: forced decoding of the reference targets, against the same processors.
     targets = synthetic["test.tgt"].read_text(encoding="utf-8").splitlines()[:N_SENTENCES]
     scored = run_cli(["score", "-m", checkpoint, "--src", write_lines(tmp_path / "src.txt", sources),
