@@ -225,6 +225,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_checkpoint_metadata": "integration",
     "test_cli": "integration",
     "test_corpus_cache": "integration",
+    "test_corpus_filters": "unit",
     "test_cuda": "system",
     "test_data": "unit",
     "test_decode_section": "integration",

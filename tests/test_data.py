@@ -48,7 +48,7 @@ def test_batch_order_depends_on_seed_and_epoch_only():
 def test_collate_pads_and_shifts_targets():
     src_tokens, src_offsets = flatten([[10, 11, 12], [20]])
     tgt_tokens, tgt_offsets = flatten([[30], [40, 41, 42]])
-    corpus = TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(2), (FilterStats(2, 2, 0, 0),))
+    corpus = TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(2), (FilterStats(2, 2),))
     batch = collate(corpus, torch.tensor([1, 0]))
     P, B, E = PAD_ID, BOS_ID, EOS_ID
     assert batch.src.tolist() == [[20, E, P, P], [10, 11, 12, E]]

@@ -67,7 +67,7 @@ def corpus_of(pairs: list[tuple[list[int], list[int]]]) -> TokenizedCorpus:
     """A TokenizedCorpus built directly from id lists (EOS appended by flatten)."""
     src_tokens, src_offsets = flatten([s for s, _ in pairs])
     tgt_tokens, tgt_offsets = flatten([t for _, t in pairs])
-    stats = FilterStats(len(pairs), len(pairs), 0, 0)
+    stats = FilterStats(len(pairs), len(pairs))
     return TokenizedCorpus(src_tokens, src_offsets, tgt_tokens, tgt_offsets, torch.arange(len(pairs)), stats)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from tfm_cli.file_locks import holder_record, try_lock
 from tfm_cli.parallel_text import FileFingerprint
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 MANIFEST = "manifest.json"
 READERS_LOCK = "readers.lock"
 TEMP_PREFIX = ".tmp-"

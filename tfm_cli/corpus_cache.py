@@ -33,7 +33,7 @@ from tfm_cli.cache_folder import (
     temp_folder,
 )
 from tfm_cli.corpus_entry import EntryWriter, open_entry, recorded_sha256s
-from tfm_cli.corpus_filters import FilterSettings, length_filter, unencoded_filter
+from tfm_cli.corpus_filters import FilterSettings, filter_ids, filter_text
 from tfm_cli.data import FilterStats, TokenizedCorpus
 from tfm_cli.errors import TfmError
 from tfm_cli.file_locks import exclusive_lock
@@ -300,6 +300,7 @@ def write_entry(
     started, last_report = time.monotonic(), 0.0
     done_bytes = done_pairs = 0
     stats, records = [], []
+    active = filters.active()
 
     def encode(src_texts: list[str], tgt_texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
         return src_tokenizer.encode_ids_batch(src_texts), tgt_tokenizer.encode_ids_batch(tgt_texts)
@@ -308,17 +309,18 @@ def write_entry(
         writer = EntryWriter(temp, eos_id)
         for (src_path, tgt_path), (src_print, tgt_print) in zip(inputs, prints):
             report = ReadReport()
-            counts = dict.fromkeys(("kept", "empty", "too_long", "ratio", "identical"), 0)
+            skipped = {item.reason: 0 for item in active}
+            pairs_before = writer.pairs
             pending: tuple[int, list[int], Future] | None = None
             for chunk in read_pairs(src_path, tgt_path, what, filters.skip_invalid_utf8, report, chunk_lines):
                 if should_stop is not None and should_stop():
                     if pending is not None:
                         pending[2].result()  # let the worker finish before the folder goes
                     raise KeyboardInterrupt
-                candidates = unencoded_filter(chunk.src, chunk.tgt, chunk.invalid, filters, counts)
+                candidates = filter_text(chunk.src, chunk.tgt, chunk.invalid, active, skipped)
                 future = encoder.submit(encode, [chunk.src[i] for i in candidates], [chunk.tgt[i] for i in candidates])
                 if pending is not None:
-                    writer.append(*length_filter(*pending[:2], *pending[2].result(), filters, counts))
+                    writer.append(*filter_ids(*pending[:2], *pending[2].result(), active, skipped))
                 pending = (chunk.first_line, candidates, future)
                 now = time.monotonic()
                 if on_progress is not None and now - last_report >= PROGRESS_SECONDS:
@@ -326,11 +328,12 @@ def write_entry(
                     on_progress(PrepareProgress(name, done_bytes + chunk.bytes_read, total_bytes,
                                                 done_pairs + report.lines, now - started))
             if pending is not None:
-                writer.append(*length_filter(*pending[:2], *pending[2].result(), filters, counts))
+                writer.append(*filter_ids(*pending[:2], *pending[2].result(), active, skipped))
             done_bytes += src_print.size + tgt_print.size
             done_pairs += report.lines
             stats.append(FilterStats(
-                read=report.lines, invalid_utf8=report.invalid_utf8, invalid_examples=report.invalid_examples, **counts,
+                read=report.lines, kept=writer.pairs - pairs_before, skipped=skipped, invalid_utf8=report.invalid_utf8,
+                invalid_examples=report.invalid_examples,
             ))
             records.append({"src": {**src_print.to_dict(), "sha256": report.src_sha256},
                             "tgt": {**tgt_print.to_dict(), "sha256": report.tgt_sha256}})

@@ -41,14 +41,12 @@ class SpecialIds:
 
 @dataclass(frozen=True)
 class FilterStats:
-    """What filtering one corpus kept and skipped; each skipped pair is counted once, by the first reason."""
+    """What filtering one corpus kept and skipped; each skipped pair is counted once, by the first filter
+    that skips it (the filters and their reasons: corpus_filters.py)."""
 
     read: int
     kept: int
-    empty: int  # pairs with an empty (or whitespace-only) side
-    too_long: int  # pairs with more than max_length tokens on a side, EOS included
-    ratio: int = 0  # pairs whose longer side has more than max_length_ratio times the shorter's tokens
-    identical: int = 0  # pairs whose sides are the same text (skip_identical)
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> pairs, one key per active filter
     invalid_utf8: int = 0  # pairs with a side that is not UTF-8 (invalid_utf8 = "skip")
     invalid_examples: tuple[str, ...] = ()  # "file:line" of the first few of those
 

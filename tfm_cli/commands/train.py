@@ -155,7 +155,7 @@ class TrainDisplay:
             where = f"{event.name} data ({files})" if len(event.parts) > 1 else f"{event.name} data"
             if len(event.parts) > 1:
                 self.print(f"  {files}: {stats.read:,} pairs read, {stats.kept:,} kept")
-            skipped = skip_reasons(stats, event.max_length, event.max_length_ratio)
+            skipped = skip_reasons(stats, event.filters)
             if skipped:
                 print_warning(f"{where}: skipped {', '.join(skipped)}")
 
@@ -233,13 +233,10 @@ class TrainDisplay:
 PLAIN_PROGRESS_SECONDS = 30.0
 
 
-def skip_reasons(stats, max_length: int, max_length_ratio: float) -> list[str]:
-    """What filtering skipped, in words ("2 pairs with an empty side", ...); empty if nothing."""
-    reasons = [
-        (stats.empty, "with an empty side"),
-        (stats.identical, "with the same text on both sides (data.skip_identical)"),
-        (stats.too_long, f"over data.max_length ({max_length}) tokens"),
-        (stats.ratio, f"over data.max_length_ratio ({max_length_ratio:g})"),
+def skip_reasons(stats, filters) -> list[str]:
+    """What filtering skipped, in words ("2 pairs with an empty side", ...), each filter's in its own words,
+    then the reader's invalid UTF-8; empty if nothing."""
+    reasons = [(stats.skipped.get(item.reason, 0), item.description) for item in filters] + [
         (stats.invalid_utf8, "with invalid UTF-8 (data.invalid_utf8 = \"skip\"; first at "
                              + ", ".join(stats.invalid_examples) + ")"),
     ]

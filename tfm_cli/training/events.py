@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tfm_cli.config import ModelConfig
 from tfm_cli.corpus_cache import PrepareProgress
+from tfm_cli.corpus_filters import CorpusFilter
 from tfm_cli.data import FilterStats
 
 
@@ -29,12 +30,11 @@ class DataEvent:
 
     name: str  # "train" or "valid"
     parts: tuple[tuple[str, FilterStats], ...]  # (files, what filtering did) of each corpus
-    max_length: int
+    filters: tuple[CorpusFilter, ...]  # the filters that ran, in their order (they word the report)
     from_cache: bool
     src_tokens: int
     tgt_tokens: int
     changed: tuple[str, ...] = ()  # why an earlier preparation of the same files was not used
-    max_length_ratio: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,8 @@ def prepare_data(
         corpus = prepared.corpus
         src_tokens, tgt_tokens = count_tokens(corpus)
         labels = [f"{Path(src).name} / {Path(tgt).name}" for src, tgt in inputs]
-        on_event(DataEvent(name, tuple(zip(labels, corpus.stats)), filters.max_length, prepared.from_cache,
-                           src_tokens, tgt_tokens, prepared.changed, filters.max_length_ratio))
+        on_event(DataEvent(name, tuple(zip(labels, corpus.stats)), filters.active(), prepared.from_cache,
+                           src_tokens, tgt_tokens, prepared.changed))
         corpora[name] = corpus
     if len(corpora["train"]) == 0:
         raise TfmError(f"no training pairs left after filtering {data.train_src} / {data.train_tgt}")
