@@ -68,7 +68,6 @@ FORBIDDEN = {
 # The top-level library modules (config, checkpoint, data, corpus_cache, ...) import no package above them.
 TOP_LEVEL_FORBIDDEN = {"inference", "interop", "training", "commands", "cli", "console"}
 TOP_LEVEL_EXCEPTIONS = {
-    "scoring.py": {"inference"},  # model scores use the search's length penalty
     "averaging.py": {"training"},  # `average --run` reads a run folder, whose layout training/run_dir.py owns
 }
 

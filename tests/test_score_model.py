@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import run_cli
 
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
@@ -77,7 +76,7 @@ def test_normalizations_follow_the_score_convention(random_checkpoint, pairs, no
 
 
 def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pairs):
-    from tfm_cli.scoring import score_id_pairs
+    from tfm_cli.inference.model_scores import score_id_pairs
     from tfm_cli.inference.search import greedy_search
 
     _, _, src, _ = pairs
@@ -95,7 +94,7 @@ def test_forced_decoding_reproduces_greedy_search_scores(random_checkpoint, pair
 
 def test_forced_decoding_reproduces_beam_search_normalised_scores(random_checkpoint, pairs):
     from tfm_cli.config import DecodeConfig
-    from tfm_cli.scoring import score_id_pairs
+    from tfm_cli.inference.model_scores import score_id_pairs
     from tfm_cli.inference.search import beam_search
 
     _, _, src, _ = pairs
@@ -110,7 +109,7 @@ def test_forced_decoding_reproduces_beam_search_normalised_scores(random_checkpo
 
 
 def test_token_log_probs_are_zero_at_padding(random_checkpoint):
-    from tfm_cli.scoring import token_log_probs
+    from tfm_cli.inference.model_scores import token_log_probs
 
     loaded = load_model(random_checkpoint)
     src = torch.tensor([[10, 11, EOS_ID], [12, EOS_ID, 0]])

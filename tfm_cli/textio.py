@@ -378,3 +378,24 @@ def open_output(path: str) -> Iterator[IO[str]]:
         return
     with atomic_file(Path(path), text=True) as stream:
         yield stream
+
+
+def zip_parallel(src_lines: Iterable[str], tgt_lines: Iterable[str], src_name: str, tgt_name: str) -> Iterator[tuple[str, str]]:
+    """Pair two line streams, raising TfmError with both counts if one ends before the other."""
+    src_iter, tgt_iter = iter(src_lines), iter(tgt_lines)
+    count = 0
+    while True:
+        src_line = next(src_iter, None)
+        tgt_line = next(tgt_iter, None)
+        if src_line is None and tgt_line is None:
+            return
+        if src_line is None or tgt_line is None:
+            longer, rest = (tgt_name, tgt_iter) if src_line is None else (src_name, src_iter)
+            shorter = src_name if src_line is None else tgt_name
+            total = count + 1 + sum(1 for _ in rest)
+            raise TfmError(
+                f"line counts differ: {shorter} has {count} lines but {longer} has {total}; "
+                "source and target must be line-parallel"
+            )
+        count += 1
+        yield src_line, tgt_line

@@ -182,7 +182,7 @@ def read_pairs(
     length is an error before any result is printed; from a pipe such a problem is an error where
     it is found (an -o FILE is then not written). `one` (for --png) requires exactly one sentence.
     """
-    from tfm_cli.scoring import zip_parallel
+    from tfm_cli.textio import zip_parallel
     from tfm_cli.textio import (
         STDIO,
         check_input_file,

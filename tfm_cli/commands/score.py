@@ -10,13 +10,19 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, dtype_option, resolve_dtype, threads_option
+from tfm_cli.commands.options import (
+    apply_threads,
+    device_option,
+    dtype_option,
+    resolve_dtype,
+    threads_option,
+)
 from tfm_cli.console import data_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
 
 if TYPE_CHECKING:
-    from tfm_cli.scoring import SentenceScore
+    from tfm_cli.inference.model_scores import SentenceScore
 
 EPILOG = (
     "Examples:\n\n"
@@ -82,7 +88,7 @@ def score_with_metrics(
     quiet: bool,
 ) -> None:
     """Read hypotheses and references, compute the metrics, and render them."""
-    from tfm_cli.scoring import (
+    from tfm_cli.metrics import (
         MetricOptions,
         check_line_counts,
         corpus_scores,
@@ -176,10 +182,10 @@ def score_with_model(
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
-    from tfm_cli.length_penalty import decode_length_penalty
+    from tfm_cli.inference.model_scores import NORMALIZATIONS, score_text_pairs
     from tfm_cli.inference.settings import resolve_decode
-    from tfm_cli.scoring import NORMALIZATIONS, score_text_pairs, zip_parallel
-    from tfm_cli.textio import iter_lines, open_output
+    from tfm_cli.length_penalty import decode_length_penalty
+    from tfm_cli.textio import iter_lines, open_output, zip_parallel
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
