@@ -1,5 +1,6 @@
 """`tfm cache list|clean`: superseded entries go, entries a process reads stay, folders tfm did not make are
-never touched (the readers are real processes: POSIX locks never conflict within one process)."""
+never touched. The readers are real processes (POSIX locks never conflict within one process); the
+commands run in-process, after this process has dropped the entries it mapped."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import gc
 import subprocess
 import sys
 
-from conftest import run_cli, run_tfm_process
+from conftest import run_cli
 from test_corpus_cache import SOURCE, TARGET, folders, prepare, write_pair
 
 from tfm_cli.tokenizer import Tokenizer
@@ -46,23 +47,23 @@ def test_clean_removes_a_superseded_entry_only_once_no_process_reads_it(tmp_path
     old, new = two_entries(tmp_path, small_spm)
     (cache / ".tmp-notes").mkdir()
     (cache / ".tmp-notes" / "plan.txt").write_text("mine")
-    listed = run_tfm_process(["cache", "list", cache])
-    assert listed.returncode == 0, listed.stderr
-    states = {line.split("\t")[0]: line.split("\t")[1:3] for line in listed.stdout.decode().splitlines()}
+    listed = run_cli(["cache", "list", cache])
+    assert listed.exit_code == 0, listed.stderr
+    states = {line.split("\t")[0]: line.split("\t")[1:3] for line in listed.stdout.splitlines()}
     assert states == {old.name: ["superseded", "no"], new.name: ["current", "no"]}
 
     reader = start_reader(old)
     try:
-        kept = run_tfm_process(["cache", "clean", cache])
-        assert kept.returncode == 0, kept.stderr
-        assert kept.stdout.decode() == ""
-        assert f"kept {old.name}: a running process reads it" in kept.stderr.decode()
+        kept = run_cli(["cache", "clean", cache])
+        assert kept.exit_code == 0, kept.stderr
+        assert kept.stdout == ""
+        assert f"kept {old.name}: a running process reads it" in kept.stderr
         assert old.is_dir()
     finally:
         reader.communicate("")
-    cleaned = run_tfm_process(["cache", "clean", cache])
-    assert cleaned.returncode == 0, cleaned.stderr
-    removed = cleaned.stdout.decode().splitlines()
+    cleaned = run_cli(["cache", "clean", cache])
+    assert cleaned.exit_code == 0, cleaned.stderr
+    removed = cleaned.stdout.splitlines()
     assert removed[0] == str(old) and len(removed) == 2 and removed[1].endswith(".ref")  # and the ref that named it
     assert folders(cache) == sorted([".tmp-notes", new.name])
     assert (cache / ".tmp-notes" / "plan.txt").read_text() == "mine"
@@ -72,12 +73,12 @@ def test_clean_all_removes_current_entries_too_but_never_foreign_folders(tmp_pat
     cache = tmp_path / "cache"
     old, new = two_entries(tmp_path, small_spm)
     (cache / "my-notes").mkdir()
-    dry = run_tfm_process(["cache", "clean", cache, "--all", "--dry-run"])
-    assert sorted(dry.stdout.decode().splitlines()) == sorted([str(old), str(new)])
+    dry = run_cli(["cache", "clean", cache, "--all", "--dry-run"])
+    assert sorted(dry.stdout.splitlines()) == sorted([str(old), str(new)])
     assert folders(cache) == sorted([old.name, new.name, "my-notes"])
-    cleaned = run_tfm_process(["cache", "clean", cache, "--all"])
-    assert cleaned.returncode == 0, cleaned.stderr
-    refs = [line for line in cleaned.stdout.decode().splitlines() if line.endswith(".ref")]
+    cleaned = run_cli(["cache", "clean", cache, "--all"])
+    assert cleaned.exit_code == 0, cleaned.stderr
+    refs = [line for line in cleaned.stdout.splitlines() if line.endswith(".ref")]
     assert len(refs) == 2  # the refs that named them
     assert folders(cache) == ["my-notes"]
 

@@ -49,13 +49,16 @@ def beam_search(model: Transformer, src: torch.Tensor, config: DecodeConfig) -> 
 
 @torch.inference_mode()
 def greedy_search(
-    model: Transformer, src: torch.Tensor, max_len_a: float = 1.5, max_len_b: int = 10, no_unk: bool = False
+    model: Transformer, src: torch.Tensor, max_len_a: float | None = None, max_len_b: int | None = None,
+    no_unk: bool = False,
 ) -> list[Hypothesis]:
     """Greedy decoding: beam search with a beam of 1 (the same path as `tfm translate -b 1`).
 
-    src: (N, S) int64 padded with pad_id (each row ending in EOS). Returns N hypotheses in input order.
+    src: (N, S) int64 padded with pad_id (each row ending in EOS). Length limits not given are
+    DecodeConfig's defaults. Returns N hypotheses in input order.
     """
-    config = DecodeConfig(beam_size=1, max_len_a=max_len_a, max_len_b=max_len_b, no_unk=no_unk)
+    limits = {name: value for name, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)) if value is not None}
+    config = DecodeConfig(beam_size=1, no_unk=no_unk, **limits)
     return [nbest[0] for nbest in search_beams(TransformerDecoder(model, src), config)]
 
 
