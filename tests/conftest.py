@@ -51,6 +51,24 @@ def run_tfm_process(args: list[str], input: bytes | None = None, timeout: float 
     )
 
 
+def read_line_within(process: subprocess.Popen, seconds: float) -> bytes:
+    """One line from the process's stdout, or what came of it (b'' if nothing) when `seconds` run out."""
+    import selectors
+    import time
+
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + seconds
+    data = b""
+    while not data.endswith(b"\n") and time.monotonic() < deadline:
+        if selector.select(timeout=deadline - time.monotonic()):
+            byte = os.read(process.stdout.fileno(), 1)
+            if not byte:
+                break
+            data += byte
+    return data
+
+
 def tiny_config(**overrides) -> ModelConfig:
     """A small model config that runs in milliseconds."""
     values = dict(

@@ -11,33 +11,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import read_line_within
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="selectors on pipes and /dev/stdin need a POSIX system")
 
 # Generous, and never reached when things work: an answer comes at once, or only at end of input.
 ANSWER_WITHIN_S = 60
 SOURCES = ["the dog sees my cat", "the three happy women carries that blue boat"]
-
-
-def read_line_within(process: subprocess.Popen, seconds: float) -> bytes:
-    """One line from the process's stdout, or what came of it (b'' if nothing) when `seconds` run out."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + seconds
-    data = b""
-    while not data.endswith(b"\n") and time.monotonic() < deadline:
-        if selector.select(timeout=deadline - time.monotonic()):
-            byte = os.read(process.stdout.fileno(), 1)
-            if not byte:
-                break
-            data += byte
-    return data
 
 
 def answers_while_stdin_is_open(args: list, lines: list[str]) -> list[str]:

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import selectors
 import subprocess
 import sys
-import time
 
+from conftest import read_line_within
 from translate_support import trained_checkpoint
-
-
-def read_line_within(process: subprocess.Popen, seconds: float) -> bytes:
-    """One line from the process's stdout, or b'' if none arrives in time."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + seconds
-    data = b""
-    while not data.endswith(b"\n") and time.monotonic() < deadline:
-        if selector.select(timeout=deadline - time.monotonic()):
-            chunk = os.read(process.stdout.fileno(), 1)
-            if not chunk:
-                break
-            data += chunk
-    return data
 
 
 def test_each_line_is_answered_while_stdin_stays_open():

@@ -7,13 +7,14 @@ the exporters ask the rule and never write a formula of their own. Adding a kind
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 
 
-class LengthPenalty:
+class LengthPenalty(ABC):
     """raw score / divisor(n); `sentence_is_done` says when a beam search may stop a sentence."""
 
     kind: ClassVar[str]
@@ -21,13 +22,13 @@ class LengthPenalty:
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
 
+    @abstractmethod
     def divisor(self, length: int) -> float:
         """The penalty of an output of `length` tokens (EOS included)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def formula(self) -> str:
         """The divisor as text (for --json's score_normalisation), in terms of n."""
-        raise NotImplementedError
 
     def normalise(self, raw: float, length: int) -> float:
         """raw / divisor(length): the score translate prints and ranks by."""

@@ -8,6 +8,7 @@ constraint is one class here, listed in `step_masks`, plus its test.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -17,12 +18,12 @@ from tfm_cli.errors import TfmError
 from tfm_cli.inference.decoding import StepDecoder
 
 
-class StepMask:
+class StepMask(ABC):
     """One constraint on the next token."""
 
+    @abstractmethod
     def apply(self, log_probs: torch.Tensor, step: int) -> None:
         """Mask log_probs: (R, V) in place at `step` (the output tokens each row holds so far)."""
-        raise NotImplementedError
 
 
 class BannedTokens(StepMask):
