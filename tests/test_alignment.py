@@ -7,7 +7,6 @@ import torch
 
 from tfm_cli.inference.alignment import (
     hard_alignment,
-    intersect,
     merge_to_words,
     parse_pharaoh,
     pharaoh,
@@ -15,6 +14,7 @@ from tfm_cli.inference.alignment import (
     word_char_offsets,
     word_spans,
 )
+from tfm_cli.inference.symmetrization import intersection
 
 
 @pytest.mark.parametrize(
@@ -117,8 +117,8 @@ def test_intersection_of_two_directions():
     forward = [(0, 0), (2, 1), (0, 2), (1, 3)]
     # A reverse (tgt -> src) model aligns each of ITS targets (our source words) to our target words.
     reverse = [(0, 0), (3, 1), (1, 2)]  # (reverse src = our tgt, reverse tgt = our src)
-    assert intersect(forward, transpose_pairs(reverse)) == [(0, 0), (2, 1), (1, 3)]
-    assert pharaoh(intersect(forward, transpose_pairs(reverse))) == "0-0 2-1 1-3"
+    assert intersection(forward, transpose_pairs(reverse)) == [(0, 0), (2, 1), (1, 3)]
+    assert pharaoh(intersection(forward, transpose_pairs(reverse))) == "0-0 2-1 1-3"
 
 
 def test_parse_pharaoh_rejects_garbage():

@@ -92,15 +92,6 @@ def transpose_pairs(pairs: list[AlignmentPair]) -> list[AlignmentPair]:
     return [(b, a) for a, b in pairs]
 
 
-def intersect(forward: list[AlignmentPair], backward: list[AlignmentPair]) -> list[AlignmentPair]:
-    """The pairs present in both alignments, sorted by (tgt, src); both must be (src, tgt) pairs.
-
-    For two translation directions, pass the reverse model's pairs through transpose_pairs first.
-    """
-    common = set(forward) & set(backward)
-    return sorted(common, key=lambda pair: (pair[1], pair[0]))
-
-
 def pharaoh(pairs: list[AlignmentPair]) -> str:
     """Pharaoh format: "src-tgt" pairs separated by spaces, in the given order, e.g. "0-0 1-2"."""
     return " ".join(f"{src}-{tgt}" for src, tgt in pairs)

@@ -15,11 +15,11 @@ import torch
 from tfm_cli.inference.alignment import (
     Span,
     hard_alignment,
-    intersect,
     merge_to_words,
     transpose_pairs,
     word_spans,
 )
+from tfm_cli.inference.symmetrization import intersection
 from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
@@ -219,7 +219,7 @@ def intersected_alignment(
             f"{len(view.columns) - 1}+{len(view.rows) - 1}; their tokenizers normalise text differently, "
             "so the alignments cannot be intersected"
         )
-    return intersect(view.alignment, transpose_pairs(backward.alignment))
+    return intersection(view.alignment, transpose_pairs(backward.alignment))
 
 
 @dataclass
