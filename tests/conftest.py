@@ -233,6 +233,7 @@ TIERS = ("unit", "integration", "system")
 # The one place that assigns tiers: each test module's tier, by module name. A new test module gets a line here.
 MODULE_TIERS: dict[str, str] = {
     "test_alignment": "unit",
+    "test_alignment_aer": "unit",
     "test_allocator": "system",
     "test_answers_each_line": "system",
     "test_attention": "unit",
