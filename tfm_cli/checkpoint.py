@@ -9,7 +9,8 @@ Layout (format version 1):
             target's differs, `tokenizer.tgt_vocab`.
   metadata  format="tfm-checkpoint", format_version="1", model_config (JSON of ModelConfig),
             provenance (free-form JSON: step, recipe, averaged inputs, ...), and optionally
-            decode_defaults (JSON: DecodeConfig fields an imported model's generation config sets).
+            decode_defaults (JSON: DecodeConfig fields an imported model's generation config sets),
+            and alignment (JSON of AlignmentConfig: the cross-attention that aligns words best).
 Nothing here ever unpickles: files are read through safetensors only.
 """
 
@@ -26,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from tfm_cli.config import DecodeConfig, ModelConfig, config_from_dict, config_to_dict
+from tfm_cli.config import AlignmentConfig, DecodeConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.precision import convert_linear_layers
@@ -67,6 +68,8 @@ class Checkpoint:
     tgt_vocab: tuple[str, ...] | None = None
     # DecodeConfig fields (DECODE_DEFAULT_KEYS) this model decodes with by default; {} = tfm's defaults.
     decode_defaults: dict[str, Any] = field(default_factory=dict)
+    # AlignmentConfig fields of the attention that aligns best (a guided run's head); {} = tfm's defaults.
+    alignment: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +81,7 @@ class LoadedModel:
     tgt_tokenizer: Tokenizer | MappedTokenizer
     provenance: dict[str, Any]
     decode_defaults: dict[str, Any] = field(default_factory=dict)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)  # the checkpoint's, else the default
 
     @property
     def config(self) -> ModelConfig:
@@ -110,6 +114,8 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     }
     if checkpoint.decode_defaults:
         metadata["decode_defaults"] = json.dumps(checkpoint.decode_defaults, sort_keys=True)
+    if checkpoint.alignment:
+        metadata["alignment"] = json.dumps(checkpoint.alignment, sort_keys=True)
     return save(tensors, metadata=metadata)
 
 
@@ -141,6 +147,7 @@ def make_checkpoint(
     tgt_tokenizer: Tokenizer | MappedTokenizer,
     provenance: dict[str, Any] | None = None,
     decode_defaults: dict[str, Any] | None = None,
+    alignment: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """A Checkpoint of `weights` with everything the tokenizers need to be rebuilt (bytes and piece tables)."""
     return Checkpoint(
@@ -152,6 +159,7 @@ def make_checkpoint(
         src_vocab=src_tokenizer.vocabulary,
         tgt_vocab=tgt_tokenizer.vocabulary,
         decode_defaults=decode_defaults or {},
+        alignment=alignment or {},
     )
 
 
@@ -283,6 +291,7 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
         raise
     config, provenance = read_metadata(path, header)
     decode_defaults = read_decode_defaults(path, header, config)
+    alignment = read_alignment(path, header, config)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
@@ -301,7 +310,7 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
     elif TGT_VOCAB_KEY in files:
         raise TfmError(f"{path}: checkpoint has {TGT_VOCAB_KEY} but no {SRC_VOCAB_KEY}")
     check_weights(path, config, tensors)
-    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults)
+    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults, alignment)
 
 
 def embedded_files(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
@@ -356,6 +365,27 @@ def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig
     return {key: getattr(decode, key) for key in values}
 
 
+def read_alignment(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """The checkpoint's alignment settings (metadata alignment, AlignmentConfig fields), validated; {} if none.
+
+    Raises TfmError naming the file for damaged JSON, an unknown key or a layer/head the model lacks.
+    """
+    text = header.get("__metadata__", {}).get("alignment")
+    if text is None:
+        return {}
+    try:
+        values = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        values = None
+    if not isinstance(values, dict):
+        raise TfmError(f"{path}: damaged checkpoint metadata (alignment is not a JSON object)")
+    try:
+        config_from_dict(AlignmentConfig, values, "alignment").check(config.n_dec_layers, config.n_heads)
+    except TfmError as error:
+        raise TfmError(f"{path}: bad alignment settings in checkpoint: {error}") from None
+    return values
+
+
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
     """Raise TfmError naming the first missing, unexpected, mis-shaped or non-float tensor."""
     expected = parameter_shapes(config)  # from the config alone: no model is built
@@ -398,7 +428,8 @@ def load_model(path: Path | str, device: str | torch.device = "cpu", dtype: str 
     checkpoint = read_checkpoint(path)
     src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(path, checkpoint)
     return LoadedModel(
-        build_model(checkpoint, device, dtype), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults
+        build_model(checkpoint, device, dtype), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults,
+        config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment"),
     )
 
 

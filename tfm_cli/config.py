@@ -339,6 +339,13 @@ class TrainConfig:
     # Compile the training step with torch.compile (`tfm train --compile`); falls back to eager where
     # torch.compile is not supported, with a message. Costs a compile at the start of every session.
     compile: bool = False
+    # Guided alignment (with data.train_alignment; Garg et al. 2019): this weight times the cross-entropy
+    # between the reference word alignment and the cross-attention of one head of one decoder layer is
+    # added to the token loss. 0 = off; Marian's default weight is 0.1. The layer is a python-style
+    # index (-1 = the last, Marian's choice); checkpoints record the layer and head for `tfm align`.
+    alignment_weight: float = 0.0
+    alignment_layer: int = -1
+    alignment_head: int = 0
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "train.seed")
@@ -347,7 +354,8 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise TfmError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
         non_negative = ["lr", "warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_epochs",
-                        "max_minutes", "patience", "keep_last", "valid_max_len_a", "valid_max_len_b"]
+                        "max_minutes", "patience", "keep_last", "valid_max_len_a", "valid_max_len_b",
+                        "alignment_weight"]
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise TfmError(f"train.{name} must be >= 0, got {getattr(self, name)}")
@@ -429,4 +437,30 @@ class TokenizerTrainConfig:
             raise TfmError(
                 f"the sentences to sample (--max-sentences, tokenizer.input_sentence_size) must be 0 (all) "
                 f"or more, got {self.input_sentence_size}"
+            )
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    """Which cross-attention becomes the word alignment: a decoder layer, one head or their mean, and the row.
+
+    A checkpoint stores the one that aligns best for its model (a guided-alignment run's trained
+    head, or a measured choice); `translate --alignment`, `inspect-attention --format pharaoh` and
+    `tfm align` use it unless flags say otherwise.
+    """
+
+    layer: int = -1  # python-style index into the decoder layers; -1 = the last
+    head: int | None = None  # python-style index into the heads; None = mean over heads
+    # False: target token t's link is read from the step that predicts t (its attention row).
+    # True: from the step that reads t as input and predicts t + 1 ("shift", Garg et al. 2019,
+    # Chen et al. 2020): that step has seen t, which often makes its attention a better aligner.
+    shift: bool = False
+
+    def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("alignment layer", "alignment head")) -> None:
+        """Raise TfmError if the layer or head does not exist in a model of this size (`names`: how to call them)."""
+        if not -n_layers <= self.layer < n_layers:
+            raise TfmError(f"{names[0]} {self.layer} does not exist: the decoder has {n_layers} layers")
+        if self.head is not None and not -n_heads <= self.head < n_heads:
+            raise TfmError(
+                f"{names[1]} {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1}, or -1 for the last)"
             )

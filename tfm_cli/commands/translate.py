@@ -67,8 +67,9 @@ def translate(
     target_lang: Optional[str] = typer.Option(None, "--target-lang", help="Multilingual models: the target language xx of the model's >>xx<< tags (prepended to every source)."),
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / the model's length penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
-    align_layer: int = typer.Option(-1, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last)."),
-    align_head: str = typer.Option("mean", "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads."),
+    align_layer: Optional[int] = typer.Option(None, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last); default: the model's alignment settings (else -1)."),
+    align_head: Optional[str] = typer.Option(None, "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads; default: the model's (else mean)."),
+    align_shift: Optional[bool] = typer.Option(None, "--align-shift/--no-align-shift", help="Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: the model's (else no shift)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
@@ -95,8 +96,8 @@ def translate(
         open_output,
         thread_stdin,
     )
+    from tfm_cli.inference.settings import resolve_alignment
     from tfm_cli.inference.translation import (
-        AlignmentConfig,
         BatchingConfig,
         OutputFormat,
         TranslationStats,
@@ -116,12 +117,16 @@ def translate(
     resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     want_alignment = alignment or as_json
-    align = AlignmentConfig(layer=align_layer, head=parse_head(align_head, "--align-head")) if want_alignment else None
+    align_head_index = parse_head(align_head, "--align-head") if align_head is not None else None
     from tfm_cli.devices import resolve_device
 
     target_device = resolve_device(device)
     loaded = load_model(model, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     decode = resolve_decode(flags, loaded.decode_defaults)
+    align = None
+    if want_alignment:
+        align = resolve_alignment(loaded.alignment, align_layer, align_head is not None, align_head_index, align_shift)
+        align.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
     prefix = ()
     if target_lang is not None:
         from tfm_cli.vocabulary import language_tag_id

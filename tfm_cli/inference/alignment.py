@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from tfm_cli.config import AlignmentConfig
+
 WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
 WORD_PATTERN = re.compile(r"[^ ]+")
 Span = tuple[int, int]
@@ -73,6 +75,26 @@ def merge_to_words(matrix: torch.Tensor, tgt_spans: list[Span], src_spans: list[
     for word, (start, end) in enumerate(tgt_spans):
         tgt_merge[word, start:end] = 1.0 / (end - start)
     return tgt_merge @ matrix @ src_merge.T  # (T_words, T) @ (T, S) @ (S, S_words)
+
+
+def chosen_attention(cross_attention: list[torch.Tensor], alignment: AlignmentConfig) -> torch.Tensor:
+    """The cross-attention `alignment` names: per-layer (..., H, T, S) maps -> (..., T, S).
+
+    Its layer, then one head or the mean over heads (head None).
+    """
+    weights = cross_attention[alignment.layer]  # (..., H, T, S)
+    return weights.mean(dim=-3) if alignment.head is None else weights.select(-3, alignment.head)
+
+
+def piece_rows(attention: torch.Tensor, n_pieces: int, shift: bool) -> torch.Tensor:
+    """The attention row that links each of `n_pieces` output pieces: (T, S) -> (n_pieces, S).
+
+    Row t of a teacher-forced decoder pass reads <s> + pieces[:t] and predicts piece t (row
+    n_pieces predicts </s>). Unshifted, piece t takes row t; shifted, row t + 1: the step that has
+    piece t as its input.
+    """
+    start = 1 if shift else 0
+    return attention[start : start + n_pieces]
 
 
 def hard_alignment(matrix: torch.Tensor) -> list[AlignmentPair]:

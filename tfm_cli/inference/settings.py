@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tfm_cli.config import DecodeConfig
+from tfm_cli.config import AlignmentConfig, DecodeConfig
 
 
 def decode_default(name: str) -> Any:
@@ -37,3 +37,21 @@ def resolve_decode(given: dict[str, Any], model_defaults: dict[str, Any]) -> Dec
     if unknown:
         raise KeyError(f"DecodeConfig has no field {unknown[0]!r}")
     return DecodeConfig(**{**model_defaults, **{name: value for name, value in given.items() if value is not None}})
+
+
+def resolve_alignment(
+    model_alignment: AlignmentConfig, layer: int | None, head_given: bool, head: int | None, shift: bool | None
+) -> AlignmentConfig:
+    """The alignment settings to use: each option the user gave over the model's (AlignmentConfig).
+
+    `layer` and `shift` are None when not given; `head` counts only when `head_given` (None is then
+    a request for the mean over heads).
+    """
+    resolved = model_alignment
+    if layer is not None:
+        resolved = dataclasses.replace(resolved, layer=layer)
+    if head_given:
+        resolved = dataclasses.replace(resolved, head=head)
+    if shift is not None:
+        resolved = dataclasses.replace(resolved, shift=shift)
+    return resolved

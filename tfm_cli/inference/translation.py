@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tfm_cli.inference.alignment import (
+    chosen_attention,
+    piece_rows,
     hard_alignment,
     merge_to_words,
     pharaoh,
@@ -24,7 +26,7 @@ from tfm_cli.inference.alignment import (
     word_spans,
 )
 from tfm_cli.checkpoint import LoadedModel
-from tfm_cli.config import DecodeConfig
+from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.inference.decoding import TransformerDecoder, padded_length, source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
@@ -49,23 +51,6 @@ class BatchingConfig:
         for name in ("buffer_size", "max_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
-class AlignmentConfig:
-    """Which cross-attention becomes the word alignment: a decoder layer and one head or their mean."""
-
-    layer: int = -1  # python-style index into the decoder layers; -1 = the last
-    head: int | None = None  # python-style index into the heads; None = mean over heads
-
-    def check(self, n_layers: int, n_heads: int) -> None:
-        """Raise TfmError if the layer or head does not exist in a model of this size."""
-        if not -n_layers <= self.layer < n_layers:
-            raise TfmError(f"--align-layer {self.layer} does not exist: the decoder has {n_layers} layers")
-        if self.head is not None and not -n_heads <= self.head < n_heads:
-            raise TfmError(
-                f"--align-head {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1}, or -1 for the last)"
-            )
 
 
 @dataclass
@@ -211,10 +196,7 @@ class Translator:
             tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
         src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
         decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True)
-        layer, head = self.alignment.layer, self.alignment.head
-        attention = decoded.cross_attention[layer]  # (R, H, T, S)
-        attention = attention.mean(1) if head is None else attention[:, head]
-        attention = attention.float().cpu()  # (R, T, S)
+        attention = chosen_attention(decoded.cross_attention, self.alignment).float().cpu()  # (R, T, S)
         skip = len(self.source_prefix)  # the prefix columns are no source words
         src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i][skip:]] for i in batch}
         for row, (i, output) in enumerate(rows):
@@ -222,8 +204,8 @@ class Translator:
             src_spans = word_spans(src_pieces[i])
             if line.src_words is None:
                 line.src_words = word_char_offsets(line.source)[: len(src_spans)]
-            # Rows: the output pieces (EOS row dropped); columns: the source pieces (prefix and EOS dropped).
-            matrix = attention[row, : len(output.pieces), skip : len(sources[i])]
+            # Rows: the output pieces' (EOS's dropped); columns: the source pieces (prefix and EOS dropped).
+            matrix = piece_rows(attention[row], len(output.pieces), self.alignment.shift)[:, skip : len(sources[i])]
             words = merge_to_words(matrix, word_spans(output.pieces), src_spans)
             output.alignment = hard_alignment(words)
             output.words = word_char_offsets(output.text)
