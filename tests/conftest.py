@@ -232,7 +232,9 @@ TIERS = ("unit", "integration", "system")
 
 # The one place that assigns tiers: each test module's tier, by module name. A new test module gets a line here.
 MODULE_TIERS: dict[str, str] = {
+    "test_align": "integration",
     "test_alignment": "unit",
+    "test_alignment_settings": "integration",
     "test_alignment_aer": "unit",
     "test_allocator": "system",
     "test_answers_each_line": "system",
@@ -254,6 +256,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_disk_full": "system",
     "test_dropout": "unit",
     "test_export": "system",
+    "test_guided_alignment": "integration",
     "test_help": "integration",
     "test_import_marian": "system",
     "test_inspect_attention": "integration",

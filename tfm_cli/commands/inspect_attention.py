@@ -20,6 +20,7 @@ from tfm_cli.commands.options import (
     resolve_dtype,
     threads_option,
 )
+from tfm_cli.config import AlignmentConfig
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
@@ -52,8 +53,9 @@ def inspect_attention(
     target: Optional[str] = typer.Option(None, "--target", help="Force this translation of SENTENCE instead of translating it."),
     target_file: Optional[str] = typer.Option(None, "--target-file", help="Forced translations, line-parallel to --input."),
     kind: str = typer.Option("cross", "--kind", help="cross (target x source), encoder (source self-attention) or decoder (target self-attention)."),
-    layer: int = typer.Option(-1, "--layer", help="Layer index, 0-based; negative counts from the end (-1 = last)."),
-    head: str = typer.Option("mean", "--head", help="A head index (0-based; negative counts from the end) or `mean` (the average over heads)."),
+    layer: Optional[int] = typer.Option(None, "--layer", help="Layer index, 0-based; negative counts from the end (-1 = last). Default: cross-attention the model's alignment layer, else -1."),
+    head: Optional[str] = typer.Option(None, "--head", help="A head index (0-based; negative counts from the end) or `mean` (the average over heads). Default: cross-attention the model's alignment head, else mean."),
+    shift: Optional[bool] = typer.Option(None, "--shift/--no-shift", help="Cross-attention alignments: read target word t's link from the step that reads t (shift) instead of the one that predicts it. Default: the model's alignment setting."),
     words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
     output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),
@@ -72,7 +74,7 @@ def inspect_attention(
     output_format = "json" if as_json else output_format
     if output_format not in FORMATS:
         raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
-    head_index = parse_head(head, "--head")
+    head_index = parse_head(head, "--head") if head is not None else None
     if dims < 1:
         raise TfmError(f"--dims must be at least 1, got {dims}")
     if sentence is not None and not sentence.strip():
@@ -94,7 +96,7 @@ def inspect_attention(
 
     from tfm_cli.checkpoint import load_model
     from tfm_cli.devices import resolve_device
-    from tfm_cli.inference.settings import resolve_decode
+    from tfm_cli.inference.settings import resolve_alignment, resolve_decode
 
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
@@ -107,6 +109,11 @@ def inspect_attention(
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
+    # Cross-attention shows what aligns: the model's alignment settings unless flags say otherwise.
+    chosen = resolve_alignment(loaded.alignment if kind == "cross" else AlignmentConfig(), layer, head is not None, head_index, shift)
+    reverse_alignment = resolve_alignment(reverse.alignment, layer, head is not None, head_index, shift) if reverse else None
+    layer, head_index = chosen.layer, chosen.head
+    head = "mean" if head_index is None else str(head_index)
     from tfm_cli.inference.inspection import example_view
 
     examples = make_examples(loaded, pairs, decode, quiet)
@@ -121,12 +128,12 @@ def inspect_attention(
         count = 0
         for example in examples:
             count += 1
-            view = example_view(loaded, example, kind, layer, head_index, words)
+            view = example_view(loaded, example, kind, layer, head_index, words, chosen.shift)
             if png is not None:  # before printing: a failed image write leaves no printed result
                 save_png(png, view, kind)
                 print_info(f"wrote {png}", quiet=quiet)
             if output_format == "pharaoh":
-                write_alignment(view, reverse, example, layer, head_index, out)
+                write_alignment(view, reverse, example, reverse_alignment, out)
             elif output_format == "json":
                 write_json(example, view, kind, layer, head, words, out)
             elif output_format == "csv":
@@ -259,12 +266,12 @@ def make_examples(
         yield example
 
 
-def write_alignment(view, reverse: LoadedModel | None, example: Example, layer: int, head: int | None, out: IO[str]) -> None:
+def write_alignment(view, reverse: LoadedModel | None, example: Example, reverse_alignment, out: IO[str]) -> None:
     """Print one Pharaoh line: the view's argmax pairs, intersected with the reverse model's if given."""
     from tfm_cli.inference.alignment import pharaoh
     from tfm_cli.inference.inspection import intersected_alignment
 
-    pairs = view.alignment if reverse is None else intersected_alignment(view, reverse, example, layer, head)
+    pairs = view.alignment if reverse is None else intersected_alignment(view, reverse, example, reverse_alignment)
     out.write(pharaoh(pairs) + "\n")
 
 

@@ -15,13 +15,14 @@ import torch
 from tfm_cli.inference.alignment import (
     Span,
     hard_alignment,
+    piece_rows,
     merge_to_words,
     transpose_pairs,
     word_spans,
 )
 from tfm_cli.inference.symmetrization import intersection
 from tfm_cli.checkpoint import LoadedModel
-from tfm_cli.config import DecodeConfig
+from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.attention import CrossAttention, SelfAttention
@@ -137,19 +138,28 @@ def attention_view(
     layer: int,
     head: int | None,
     words: bool,
+    shift: bool = False,
 ) -> AttentionView:
     """The `kind` attention of one layer (one head, or the mean for head None), pieces or words.
 
     For cross-attention the alignment takes, for each target row, the column with the largest
     weight; the last row and column are </s>, which never align (as fairseq's hard alignments).
+    With `shift`, each output piece's link is read from the next row (alignment.piece_rows); the
+    matrix shown stays the attention as computed.
     """
     matrix = select_matrix(attention_maps(model, src_ids, tgt_ids), kind, layer, head)
     rows, columns = matrix_axes(kind, src_pieces, tgt_pieces)
+    alignment = None
+    if kind == "cross":
+        # The </s> row is only a placeholder here: it is dropped with the </s> column below.
+        linked = torch.cat([piece_rows(matrix, matrix.size(0) - 1, shift), matrix[-1:]])
+        if words:
+            linked = to_words(linked, rows, columns)
+        alignment = hard_alignment(linked[:-1, :-1])
     if words:
         matrix, row_labels, column_labels = to_words(matrix, rows, columns), rows.word_labels, columns.word_labels
     else:
         row_labels, column_labels = rows.labels, columns.labels
-    alignment = hard_alignment(matrix[:-1, :-1]) if kind == "cross" else None
     return AttentionView(row_labels, column_labels, matrix, alignment)
 
 
@@ -190,19 +200,23 @@ def make_example(loaded: LoadedModel, source: str, target: str | None, decode: D
     )
 
 
-def example_view(loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool) -> AttentionView:
+def example_view(
+    loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool, shift: bool = False
+) -> AttentionView:
     """The AttentionView (see attention_view) of one example under `loaded`'s model."""
     return attention_view(
-        loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words
+        loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words,
+        shift,
     )
 
 
 def intersected_alignment(
-    view: AttentionView, reverse: LoadedModel, example: Example, layer: int, head: int | None
+    view: AttentionView, reverse: LoadedModel, example: Example, alignment: AlignmentConfig
 ) -> list[tuple[int, int]]:
     """The word alignment pairs both directions agree on: `view`'s and the reverse model's (target->source).
 
-    `view` must be a word-level cross-attention view of `example`. Raises TfmError when the two
+    `view` must be a word-level cross-attention view of `example`; `alignment` is the reverse
+    model's attention to read (resolve_alignment's answer for it). Raises TfmError when the two
     models split the pair into different words (their tokenizers normalise text differently).
     """
     src_ids = reverse.src_tokenizer.encode_ids(example.target)
@@ -211,7 +225,7 @@ def intersected_alignment(
         example.target, example.source, src_ids, tgt_ids,
         [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
     )
-    backward = example_view(reverse, swapped, "cross", layer, head, words=True)
+    backward = example_view(reverse, swapped, "cross", alignment.layer, alignment.head, True, alignment.shift)
     n_src, n_tgt = len(backward.rows) - 1, len(backward.columns) - 1
     if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
         raise TfmError(
