@@ -17,6 +17,7 @@ from tfm_cli import __version__
 from tfm_cli.commands import (
     TfmCommand,
     TfmCommandGroup,
+    align,
     average,
     cache,
     export,
@@ -163,6 +164,7 @@ app.command("train", epilog=train.EPILOG, cls=TfmCommand)(train.train)
 app.command("average", epilog=average.EPILOG, cls=TfmCommand)(average.average)
 app.command("translate", epilog=translate.EPILOG, cls=TfmCommand)(translate.translate)
 app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
+app.command("align", epilog=align.EPILOG, cls=TfmCommand)(align.align)
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
 app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)

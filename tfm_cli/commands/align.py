@@ -1,0 +1,196 @@
+"""`tfm align`: word alignments of given sentence pairs (as fast_align / eflomal), one Pharaoh line per pair."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from tfm_cli.commands.options import (
+    apply_threads,
+    device_option,
+    dtype_option,
+    parse_head,
+    resolve_dtype,
+    threads_option,
+)
+from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.errors import TfmError
+
+EPILOG = (
+    "Examples:\n\n"
+    "  tfm align -m de-en.safetensors --src corpus.de --tgt corpus.en > corpus.align\n\n"
+    "  tfm align -m de-en.safetensors -i corpus.de-en -o corpus.align    (fast_align's 'source ||| target' lines)\n\n"
+    "  tfm align -m de-en.safetensors --reverse-model en-de.safetensors --symmetrize intersection "
+    "--src test.de --tgt test.en --json\n\n"
+    "Words are the whitespace tokens of each line as given (tokenize beforehand as the gold standard "
+    "does); links are 'src-tgt' word indices, sorted by target then source. A line with an empty side, "
+    "a `|||` line without exactly one separator, or a pair longer than the model's positions (a warning "
+    "names it) gives an empty output line, so output lines always match input lines."
+)
+
+SYMMETRIZE_CHOICES = ("intersection", "union", "grow-diag-final-and")
+
+
+def check_line_counts(src: str, tgt: str) -> None:
+    """Compare the line counts of two regular files before any work (pipes are checked at their end)."""
+    from tfm_cli.commands.translate import count_lines
+
+    src_count, tgt_count = count_lines(src), count_lines(tgt)
+    if src_count is not None and tgt_count is not None and src_count != tgt_count:
+        raise TfmError(
+            f"line counts differ: {src} has {src_count} lines but {tgt} has {tgt_count}; "
+            "source and target must be line-parallel"
+        )
+
+
+def align(
+    ctx: typer.Context,
+    model: str = typer.Option(..., "-m", "--model", help="A source->target tfm checkpoint (.safetensors)."),
+    src: Optional[str] = typer.Option(None, "--src", help="Source sentences, pre-tokenized, one per line (with --tgt); `-` = stdin."),
+    tgt: Optional[str] = typer.Option(None, "--tgt", help="Target sentences, line-parallel to --src; `-` = stdin."),
+    input: Optional[str] = typer.Option(None, "-i", "--input", help="fast_align input: 'source ||| target' lines (default when no --src/--tgt: stdin)."),
+    output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
+    reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: align both directions and symmetrize."),
+    symmetrize: Optional[str] = typer.Option(None, "--symmetrize", help="With --reverse-model: intersection, union or grow-diag-final-and (the default)."),
+    align_layer: Optional[int] = typer.Option(None, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last); default: each model's alignment settings (else -1)."),
+    align_head: Optional[str] = typer.Option(None, "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads; default: each model's (else mean)."),
+    align_shift: Optional[bool] = typer.Option(None, "--align-shift/--no-align-shift", help="Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: each model's (else no shift)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line: words, links and the word-level attention rows (schema tfm-align/1, see README)."),
+    buffer_size: int = typer.Option(2000, "--buffer-size", help="Pairs read and aligned at a time (an input pause also answers)."),
+    max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
+    batch_size: int = typer.Option(128, "--batch-size", help="Sentence pairs per batch."),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
+    threads: int = threads_option(),
+    progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
+) -> None:
+    """Word-align given sentence pairs with a model's cross-attention: one Pharaoh line per pair.
+
+    Each whitespace word is encoded on its own, so word k owns known pieces; a target word links to
+    the source word its pieces attend to most (source pieces summed, target pieces averaged).
+    """
+    from tfm_cli.textio import (
+        DecodeStats,
+        check_input_file,
+        iter_lines,
+        open_output,
+        thread_stdin,
+        zip_parallel,
+    )
+
+    if symmetrize is not None and reverse_model is None:
+        raise TfmError("--symmetrize combines two directions: give the target->source model with --reverse-model")
+    if reverse_model is not None:
+        symmetrize = symmetrize or "grow-diag-final-and"
+        if symmetrize not in SYMMETRIZE_CHOICES:
+            raise TfmError(f"--symmetrize must be one of {', '.join(SYMMETRIZE_CHOICES)}, got {symmetrize!r}")
+    if (src is None) != (tgt is None):
+        raise TfmError("--src and --tgt go together (or give 'source ||| target' lines with -i / stdin)")
+    if src is not None and input is not None:
+        raise TfmError("give either --src/--tgt or -i 'source ||| target' lines, not both")
+    if src is not None and src == tgt == "-":
+        raise TfmError("--src and --tgt cannot both be stdin")
+    input = "-" if input is None and src is None else input
+    for path in (src, tgt, input):
+        if path not in (None, "-"):
+            check_input_file(path)
+    if src is not None:
+        check_line_counts(src, tgt)
+    uses_stdin = "-" in (src, tgt, input)
+    if uses_stdin and sys.stdin is None:
+        raise TfmError("stdin is closed; give the input files with --src/--tgt or -i FILE")
+    head_index = parse_head(align_head, "--align-head") if align_head is not None else None
+
+    from tfm_cli.allocator import keep_freed_memory
+    from tfm_cli.checkpoint import load_model
+    from tfm_cli.devices import resolve_device
+    from tfm_cli.inference.settings import resolve_alignment
+    from tfm_cli.inference.translation import BatchingConfig
+    from tfm_cli.inference.word_alignment import (
+        AlignStats,
+        PairAligner,
+        WordAligner,
+        align_stream,
+        format_aligned,
+        split_pair,
+    )
+
+    keep_freed_memory()
+    apply_threads(ctx, threads)
+    batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
+    target_device = resolve_device(device)
+    inference_dtype = resolve_dtype(dtype, target_device, quiet)
+    aligners = []
+    for path in (model, reverse_model):
+        if path is None:
+            continue
+        loaded = load_model(path, device=target_device, dtype=inference_dtype)
+        settings = resolve_alignment(loaded.alignment, align_layer, align_head is not None, head_index, align_shift)
+        settings.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
+        aligners.append(WordAligner(loaded, settings, batching))
+    aligner = PairAligner(aligners[0], aligners[1] if len(aligners) > 1 else None, symmetrize, keep_matrices=as_json)
+
+    decode_stats, stats = DecodeStats(), AlignStats()
+
+    def lines(path: str):
+        # Lines are read in a thread (textio.read_chunks), which must not touch sys.stdin.buffer.
+        return iter_lines(path, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if path == "-" else None)
+
+    if src is not None:
+        names = ["<stdin>" if path == "-" else path for path in (src, tgt)]
+        items = ((s.split(), t.split()) for s, t in zip_parallel(lines(src), lines(tgt), *names))
+    else:
+        items = (split_pair(line) for line in lines(input))
+    if uses_stdin and sys.stdin.isatty():
+        print_info("reading sentence pairs from stdin (Ctrl-D to end)", quiet=quiet)
+    show_progress = not quiet and (progress or (not uses_stdin and sys.stderr.isatty()))
+
+    def write(out, chunk) -> None:
+        for line in chunk:
+            if line.too_long:
+                long = line.too_long
+                print_warning(
+                    f"line {line.index + 1}: {long.src_pieces} source and {long.tgt_pieces} target pieces, the model "
+                    f"takes at most {long.most} a side: its alignment line is empty"
+                )
+        out.write("".join(format_aligned(line, as_json, symmetrize) + "\n" for line in chunk))
+        out.flush()
+
+    with open_output(output) as out:
+        chunks = align_stream(aligner, items, batching, stats)
+        if not show_progress:
+            for chunk in chunks:
+                write(out, chunk)
+        else:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            from tfm_cli.commands.translate import count_lines
+
+            columns = (TextColumn("aligning"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            with Progress(*columns, console=stderr_console(), transient=True) as bar:
+                task = bar.add_task("align", total=count_lines(src if src is not None else input))
+                for chunk in chunks:
+                    write(out, chunk)
+                    bar.advance(task, len(chunk))
+    if decode_stats.invalid_utf8_lines:
+        print_warning(f"{decode_stats.invalid_utf8_lines} line(s) had invalid UTF-8; bad bytes became U+FFFD")
+    if stats.malformed_lines:
+        print_warning(
+            f"{stats.malformed_lines} line(s) did not have exactly one ' ||| ' separator (the first: line "
+            f"{stats.first_malformed}); their output lines are empty"
+        )
+    rate = stats.lines / stats.seconds if stats.seconds > 0 else 0.0
+    print_info(
+        f"aligned {stats.lines} pairs ({stats.empty_lines} with an empty side, {stats.too_long_lines} too long) "
+        f"in {stats.seconds:.1f} s: {rate:.1f} pairs/s",
+        quiet=quiet,
+    )
