@@ -286,6 +286,10 @@ class Batch:
     targets: torch.Tensor  # (N,) int64 = tgt_out.view(-1)[target_index]
     indices: torch.Tensor  # (B,) int64 corpus rows of this batch
     n_src_tokens: int  # real source tokens, EOS included (counted on the host: no device sync to log it)
+    # Guided-alignment training only (training/guided_alignment.py): the reference cross-attention
+    # (B, T, S) float32 of each decoder row, and how many rows have one.
+    alignment: torch.Tensor | None = None
+    n_aligned_rows: int = 0
 
     @property
     def n_tgt_tokens(self) -> int:
@@ -302,7 +306,9 @@ class Batch:
         src, tgt_in, tgt_out, target_index, targets = (
             t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out, self.target_index, self.targets)
         )
-        return Batch(src, tgt_in, tgt_out, target_index, targets, self.indices, self.n_src_tokens)
+        alignment = None if self.alignment is None else self.alignment.to(device, non_blocking=True)
+        return Batch(src, tgt_in, tgt_out, target_index, targets, self.indices, self.n_src_tokens, alignment,
+                     self.n_aligned_rows)
 
 
 def pad_rows(tokens: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:

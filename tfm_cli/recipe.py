@@ -51,6 +51,10 @@ class DataConfig:
     # Where prepared (tokenized) corpora and trained tokenizers are kept; empty: RUN/cache. A folder
     # shared by several runs prepares each corpus once.
     cache_dir: str = ""
+    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): word alignments of
+    # train_src/train_tgt in Pharaoh format, one line per pair ("0-0 1-2 ...", 0-based indices of the
+    # space-separated words, source first; "s?t" links count as links). Needs train.alignment_weight > 0.
+    train_alignment: str = ""
 
     def __post_init__(self) -> None:
         for name in ("train_src", "train_tgt"):
@@ -65,6 +69,11 @@ class DataConfig:
         if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
             raise TfmError(f"data.invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, got {self.invalid_utf8!r}")
         check_corpus_weight(self.train_weight, "data.train_weight")
+        if self.train_alignment and self.more_train:
+            raise TfmError(
+                "data.train_alignment aligns train_src/train_tgt only, but data.more_train adds corpora without "
+                "alignments; train with one corpus (merge them, with their alignment files, into one)"
+            )
 
     @property
     def train_corpora(self) -> tuple[TrainCorpus, ...]:
@@ -139,7 +148,7 @@ RECIPE_SECTIONS = ("data", "tokenizer", "model", "train", "decode")
 # with, recorded in every checkpoint of the run (tfm translate uses them unless a flag overrides).
 RECIPE_DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
 PATH_KEYS = {
-    "data": ("train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir"),
+    "data": ("train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir", "train_alignment"),
     "tokenizer": ("src_model", "tgt_model"),
 }
 VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
@@ -245,6 +254,12 @@ def check_sections_agree(recipe: Recipe) -> None:
         raise TfmError("train.best_metric = 'bleu' needs train.valid_bleu = true (or use best_metric = 'loss')")
     if train.patience and not data.valid_src:
         raise TfmError("train.patience needs validation data (data.valid_src and data.valid_tgt)")
+    if bool(data.train_alignment) != (train.alignment_weight > 0):
+        raise TfmError(
+            "guided alignment needs both data.train_alignment (the Pharaoh alignment file) and "
+            "train.alignment_weight > 0 (0.1 is a usual weight); "
+            + ("train.alignment_weight is 0" if data.train_alignment else "data.train_alignment is not set")
+        )
     if recipe.model.max_positions < data.max_length:
         raise TfmError(
             f"model.max_positions ({recipe.model.max_positions}) must be at least data.max_length ({data.max_length})"

@@ -198,8 +198,9 @@ class TrainDisplay:
         norm = f" | gnorm {event.grad_norm:.2f}" if event.grad_norm is not None else ""
         if event.overflow_steps:
             norm += f" | {plural(event.overflow_steps, 'fp16 overflow')} skipped"
+        alignment = f" | align {event.alignment_loss:.3f}" if event.alignment_loss is not None else ""
         stats = (
-            f"epoch {event.epoch} | loss {event.loss:.3f} | ppl {event.ppl:.1f} | lr {event.lr:.2e}{norm} | "
+            f"epoch {event.epoch} | loss {event.loss:.3f}{alignment} | ppl {event.ppl:.1f} | lr {event.lr:.2e}{norm} | "
             f"{event.tgt_tokens_per_s:,.0f} tgt tok/s | pad {event.padding:.1%}{eta}"
         )
         if self.progress is not None:

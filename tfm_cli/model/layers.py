@@ -139,6 +139,7 @@ class DecoderLayer(nn.Module):
         cross_cache: KeyValueCache | None = None,
         need_weights: bool = False,
         explicit_attention: bool = False,
+        need_cross_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), memory_mask: (B, 1, 1, S).
 
@@ -146,6 +147,7 @@ class DecoderLayer(nn.Module):
         or None). Without caches the self-attention is causal over x; with caches x holds only new
         steps, which may attend to all cached ones. `explicit_attention` computes both attentions by
         their explicit formula even when no weights are asked for (see attention.attend).
+        `need_cross_weights` asks for the cross-attention weights only (guided-alignment training).
         """
         is_causal = self_cache is None and x.size(1) > 1
         attended, self_weights = self.self_attn(
@@ -161,7 +163,7 @@ class DecoderLayer(nn.Module):
             memory,
             memory_mask,
             cache=cross_cache,
-            need_weights=need_weights,
+            need_weights=need_weights or need_cross_weights,
             explicit=explicit_attention,
         )
         x = self.cross_attn_sublayer.after(x, attended)

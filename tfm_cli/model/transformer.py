@@ -37,6 +37,8 @@ class Decoded:
     hidden: torch.Tensor  # (B, T, D), before the output projection
     self_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, T, T), if asked
     cross_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, T, S), if asked
+    # One layer's cross-attention (B, H, T, S), if asked by `attention_layer` (guided-alignment training).
+    layer_cross_attention: torch.Tensor | None = None
 
 
 @dataclass
@@ -163,23 +165,35 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return Encoded(memory=x, src_mask=src_mask, self_attention=weights)
 
-    def decode(self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False) -> Decoded:
+    def decode(
+        self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False, attention_layer: int | None = None
+    ) -> Decoded:
         """Teacher-forced decoding of a whole prefix. tgt_in: (B, T) int64, starting with BOS.
 
         Returns hidden states (B, T, D); apply `project` for logits. Target padding needs no
         mask: padding sits at the end, and the causal mask already hides later positions.
+        `need_weights` returns every layer's attention weights; `attention_layer` (a python-style
+        index) only that decoder layer's cross-attention, in `layer_cross_attention`: the other
+        layers keep the fused kernel.
         """
         memory_mask = encoded.src_mask[:, None, None, :]  # (B, 1, 1, S)
         x = self.embed(self.tgt_embed, tgt_in)
         self_weights, cross_weights = [], []
-        for layer in self.decoder_layers:
-            x, layer_self, layer_cross = layer(x, encoded.memory, memory_mask, need_weights=need_weights)
+        chosen = None if attention_layer is None else range(len(self.decoder_layers))[attention_layer]
+        layer_cross_attention = None
+        for index, layer in enumerate(self.decoder_layers):
+            x, layer_self, layer_cross = layer(
+                x, encoded.memory, memory_mask, need_weights=need_weights, need_cross_weights=index == chosen
+            )
             if need_weights:
                 self_weights.append(layer_self)
                 cross_weights.append(layer_cross)
+            if index == chosen:
+                layer_cross_attention = layer_cross
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return Decoded(hidden=x, self_attention=self_weights, cross_attention=cross_weights)
+        return Decoded(hidden=x, self_attention=self_weights, cross_attention=cross_weights,
+                       layer_cross_attention=layer_cross_attention)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., D) -> logits (..., V) over the target vocabulary."""

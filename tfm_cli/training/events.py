@@ -69,6 +69,7 @@ class LogEvent:
     eta: float | None  # seconds until a step, epoch or time limit, if one is set
     overflow_steps: int = 0  # fp16 updates skipped so far for inf/nan gradients (all sessions)
     nonfinite_steps: int = 0  # fp32/bf16 updates skipped so far for an inf/nan loss or gradient
+    alignment_loss: float | None = None  # guided alignment: cross-entropy per supervised decoder row
 
 
 @dataclass(frozen=True)

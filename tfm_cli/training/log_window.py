@@ -26,6 +26,8 @@ class LogWindow:
         self.loss_tokens = 0  # target tokens of the applied updates
         self.grad_norm_sum: torch.Tensor | float | None = None
         self.tgt_tokens = self.src_tokens = self.padded = 0
+        self.alignment_sum: torch.Tensor | float = 0.0  # guided alignment: loss sum over supervised rows
+        self.aligned_rows = 0
 
     def add(self, stats: StepStats, batches: list[Batch]) -> None:
         """Add one update's token counts, and its losses and gradient norm unless it was skipped."""
@@ -38,6 +40,9 @@ class LogWindow:
             self.loss_tokens += tgt_tokens
             if stats.grad_norm is not None:
                 self.grad_norm_sum = (self.grad_norm_sum or 0.0) + stats.grad_norm
+            if stats.alignment_sum is not None:
+                self.alignment_sum = self.alignment_sum + stats.alignment_sum
+                self.aligned_rows += sum(batch.n_aligned_rows for batch in batches)
         self.tgt_tokens += tgt_tokens
         for batch in batches:
             self.src_tokens += batch.n_src_tokens
@@ -48,10 +53,13 @@ class LogWindow:
         if not world.distributed:
             return
         sums = torch.tensor(
-            [float(self.loss_sum), float(self.nll_sum), self.loss_tokens, self.tgt_tokens, self.src_tokens, self.padded],
+            [float(self.loss_sum), float(self.nll_sum), self.loss_tokens, self.tgt_tokens, self.src_tokens, self.padded,
+             float(self.alignment_sum), self.aligned_rows],
             dtype=torch.float64, device=device,
         )
-        loss_sum, nll_sum, loss_tokens, tgt_tokens, src_tokens, padded = distributed.all_reduce_sum(sums, world).tolist()
+        (loss_sum, nll_sum, loss_tokens, tgt_tokens, src_tokens, padded, alignment_sum,
+         aligned_rows) = distributed.all_reduce_sum(sums, world).tolist()
+        self.alignment_sum, self.aligned_rows = alignment_sum, int(aligned_rows)
         self.loss_sum, self.nll_sum, self.loss_tokens = loss_sum, nll_sum, int(loss_tokens)
         self.tgt_tokens, self.src_tokens, self.padded = int(tgt_tokens), int(src_tokens), int(padded)
 
@@ -69,6 +77,8 @@ class LogWindow:
             "loss": float(self.loss_sum) / self.loss_tokens if applied else None,
             "nll_loss": float(self.nll_sum) / self.loss_tokens if applied else None,
             "grad_norm": grad_norm,
+            # Guided alignment: the cross-entropy per supervised decoder row (None in unguided runs).
+            "alignment_loss": float(self.alignment_sum) / self.aligned_rows if self.aligned_rows else None,
             "tgt_tokens_per_s": self.tgt_tokens / seconds,
             "tokens_per_s": (self.tgt_tokens + self.src_tokens) / seconds,
             "padding": 1.0 - (self.tgt_tokens + self.src_tokens) / max(self.padded, 1),

@@ -1,4 +1,5 @@
-"""The training objective: label-smoothed cross-entropy (section 5.4) and the learning-rate schedules (5.3, budgeted)."""
+"""The training objective: label-smoothed cross-entropy (section 5.4), plus guided alignment if asked, and the
+learning-rate schedules (5.3, budgeted)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import math
 
 import torch
 
+from tfm_cli.config import AlignmentConfig
 from tfm_cli.data import Batch
 from tfm_cli.model import Transformer
+from tfm_cli.training.guided_alignment import alignment_loss
 
 
 def learning_rate(step: int, d_model: int, warmup_steps: int, peak_lr: float) -> float:
@@ -88,7 +91,8 @@ def batch_loss(model: Transformer, batch: Batch, epsilon: float) -> tuple[torch.
     The output projection and softmax, the costliest part with a large vocabulary, run only on the
     rows of real target tokens (padding rows are dropped before projecting).
     """
-    return LossModule(model, epsilon)(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+    loss, nll, _ = LossModule(model, epsilon)(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+    return loss, nll
 
 
 class LossModule(torch.nn.Module):
@@ -96,17 +100,34 @@ class LossModule(torch.nn.Module):
 
     DDP syncs gradients only for computations that go through the wrapped module's forward; the
     Transformer's own forward returns logits of every position, while training projects real rows only.
+    `alignment` names the cross-attention head that guided-alignment training supervises.
     """
 
-    def __init__(self, model: Transformer, epsilon: float) -> None:
+    def __init__(self, model: Transformer, epsilon: float, alignment: AlignmentConfig | None = None) -> None:
         super().__init__()
         self.model = model
         self.epsilon = epsilon
+        self.alignment = alignment
 
     def forward(
-        self, src: torch.Tensor, tgt_in: torch.Tensor, target_index: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(smoothed loss sum, nll sum) of a batch: src (B, S), tgt_in (B, T), target_index and targets (N,)."""
-        hidden = self.model.decode(tgt_in, self.model.encode(src)).hidden  # (B, T, D)
+        self, src: torch.Tensor, tgt_in: torch.Tensor, target_index: torch.Tensor, targets: torch.Tensor,
+        alignment: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(smoothed loss sum, nll sum, alignment loss sum or None) of a batch: src (B, S), tgt_in (B, T),
+        target_index and targets (N,), and with guided alignment its reference attention (B, T, S).
+
+        Without a reference no attention weights are computed (every layer keeps the fused kernel).
+        """
+        encoded = self.model.encode(src)
+        if alignment is None:
+            hidden, alignment_sum = self.model.decode(tgt_in, encoded).hidden, None  # (B, T, D)
+        else:
+            if self.alignment is None or self.alignment.head is None:
+                raise ValueError("a batch with a reference alignment needs LossModule(alignment=...) with a head")
+            decoded = self.model.decode(tgt_in, encoded, attention_layer=self.alignment.layer)
+            hidden = decoded.hidden  # (B, T, D)
+            attention = decoded.layer_cross_attention[:, self.alignment.head]  # (B, H, T, S) -> (B, T, S)
+            alignment_sum = alignment_loss(attention, alignment)
         rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)  # (N, D)
-        return label_smoothed_loss(self.model.project(rows), targets, self.epsilon)
+        loss, nll = label_smoothed_loss(self.model.project(rows), targets, self.epsilon)
+        return loss, nll, alignment_sum

@@ -17,7 +17,7 @@ from tfm_cli.cache_folder import remove_dead_temp_folders
 from tfm_cli.config import ModelConfig
 from tfm_cli.corpus_cache import ContentCheck, prepare_corpus
 from tfm_cli.corpus_filters import FilterSettings
-from tfm_cli.data import TokenizedCorpus, count_tokens
+from tfm_cli.data import SpecialIds, TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.file_locks import exclusive_lock
@@ -31,6 +31,7 @@ from tfm_cli.textio import (
 )
 from tfm_cli.tokenizer import SentenceSample, Tokenizer, train_sentencepiece
 from tfm_cli.training.events import DataEvent, Event, PhaseEvent, PrepareEvent
+from tfm_cli.training.guided_alignment import PieceTable, WordLinks, corpus_word_links
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.run_dir import CACHE_DIR, CACHE_FILES, RUN_FILES, check_run_dir
 
@@ -49,6 +50,7 @@ class PreparedData:
     valid_references: list[str]
     train_weights: tuple[float, ...]  # one per training corpus (data.train_corpora)
     content_checks: tuple[ContentCheck, ...] = ()  # full SHA-256 checks of large cached corpora, still running
+    train_links: WordLinks | None = None  # guided alignment: the reference word links of every training row
 
     def check_unchanged(self, wait: bool) -> None:
         """Raise TfmError if a content check found that a cached corpus's text files changed; with `wait`,
@@ -223,8 +225,35 @@ def prepare_data(
         lines = read_lines(data.valid_tgt, strict_utf8=data.invalid_utf8 == "fail")
         references = [lines[i] for i in valid.line_numbers.tolist()]
     weights = tuple(corpus.weight for corpus in data.train_corpora)
+    links = None
+    if data.train_alignment:
+        links = prepare_word_links(data, corpora["train"], src_tokenizer, tgt_tokenizer, model_config, on_event)
     return PreparedData(model_config, src_tokenizer, tgt_tokenizer, corpora["train"], valid, references, weights,
-                        tuple(checks))
+                        tuple(checks), links)
+
+
+def prepare_word_links(
+    data: DataConfig, corpus: TokenizedCorpus, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
+    model_config: ModelConfig, on_event: Callable[[Event], None],
+) -> WordLinks:
+    """The word links of data.train_alignment for the training rows filtering kept (guided alignment).
+
+    Read afresh every session, never cached: an edited alignment file is never served stale, and a
+    resumed run gets the same links for the same rows. Raises TfmError for a file that does not match
+    the training text (line count, a link beyond a line's words).
+    """
+    on_event(PhaseEvent(f"reading the word alignments {data.train_alignment}"))
+    links, untokenizable = corpus_word_links(
+        data.train_alignment, data.train_src, data.train_tgt, corpus, PieceTable.of(src_tokenizer),
+        PieceTable.of(tgt_tokenizer), SpecialIds.of(model_config),
+    )
+    guided = int(((links.offsets[1:] - links.offsets[:-1]) > 0).sum())
+    message = f"guided alignment: {links.links.size(0):,} links in {guided:,} of {len(corpus):,} training pairs"
+    if untokenizable:
+        message += (f"; {untokenizable:,} pairs whose subwords make other words than their spaces are not guided "
+                    "(a tokenizer that normalises spaces?)")
+    on_event(PhaseEvent(message))
+    return links
 
 
 def prepare_on_rank0_first(

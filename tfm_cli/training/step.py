@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from tfm_cli import distributed
+from tfm_cli.config import AlignmentConfig
 from tfm_cli.data import Batch
 from tfm_cli.distributed import World
 from tfm_cli.model import Transformer
@@ -26,6 +27,9 @@ class StepSettings:
     clip_norm: float
     autocast_dtype: torch.dtype | None  # None: run in float32
     device_type: str
+    # Guided alignment: the supervised head and the weight of its loss (batches then carry a reference).
+    alignment: AlignmentConfig | None = None
+    alignment_weight: float = 0.0
 
 
 @dataclass
@@ -37,6 +41,7 @@ class StepStats:
     grad_norm: torch.Tensor | None
     skipped: bool = False  # fp16: the loss scaler found inf/nan gradients and skipped the update
     nonfinite: bool = False  # fp32/bf16: the loss or a gradient was inf/nan, so the update was skipped
+    alignment_sum: torch.Tensor | None = None  # guided alignment: the (unweighted) alignment loss sum
 
 
 def autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
@@ -59,24 +64,34 @@ def train_step(
     `loss_module` is a LossModule, one wrapped in DistributedDataParallel when world.distributed, or a
     bare Transformer (wrapped here in a LossModule with settings.label_smoothing).
     The loss of every batch is divided by the target tokens of the whole update on all ranks, so
-    accumulating k batches, or k ranks, equals one batch k times larger. Returns this rank's loss sums
-    and the gradient norm.
+    accumulating k batches, or k ranks, equals one batch k times larger. Batches with a reference
+    alignment add settings.alignment_weight times their alignment loss sum before that division (so
+    the weight is per target token, as Marian's). Returns this rank's loss sums and the gradient norm.
     """
     if isinstance(loss_module, Transformer):
-        loss_module = LossModule(loss_module, settings.label_smoothing)
+        loss_module = LossModule(loss_module, settings.label_smoothing, settings.alignment)
     device = batches[0].src.device
     local_tokens = torch.tensor([sum(batch.n_tgt_tokens for batch in batches)], device=device)
     n_tokens = int(distributed.all_reduce_sum(local_tokens, world).item()) if world.distributed else int(local_tokens)
     loss_total = torch.zeros((), device=device)
     nll_total = torch.zeros((), device=device)
+    alignment_total = None
     for index, batch in enumerate(batches):
         # Gradients are all-reduced once per update, after the last micro-batch (DDP no_sync before it).
         last = index == len(batches) - 1
         sync = contextlib.nullcontext() if last or not world.distributed else loss_module.no_sync()
         with sync:
             with autocast(settings):
-                loss, nll = loss_module(batch.src, batch.tgt_in, batch.target_index, batch.targets)
-            scaled = loss / n_tokens
+                if batch.alignment is None:
+                    loss, nll, _ = loss_module(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+                    objective = loss
+                else:
+                    loss, nll, alignment = loss_module(
+                        batch.src, batch.tgt_in, batch.target_index, batch.targets, batch.alignment
+                    )
+                    objective = loss + settings.alignment_weight * alignment
+                    alignment_total = alignment.detach() + (0.0 if alignment_total is None else alignment_total)
+            scaled = objective / n_tokens
             if world.distributed:
                 # DDP averages gradients over ranks; times world_size makes it the sum over all tokens / n_tokens.
                 scaled = scaled * world.world_size
@@ -102,7 +117,7 @@ def train_step(
     else:
         nonfinite = True  # a NaN/inf loss gives non-finite gradients: leave weights and moments as they are
     optimizer.zero_grad(set_to_none=True)
-    return StepStats(loss_total, nll_total, grad_norm, skipped, nonfinite)
+    return StepStats(loss_total, nll_total, grad_norm, skipped, nonfinite, alignment_total)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from tfm_cli import __version__, distributed
 from tfm_cli.checkpoint import encode_checkpoint, make_checkpoint, model_weights
-from tfm_cli.config import config_to_dict
+from tfm_cli.config import AlignmentConfig, config_to_dict
 from tfm_cli.data import Batch, EpochSampler, SpecialIds, collate
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
@@ -30,6 +30,7 @@ from tfm_cli.training.events import (
     StepEvent,
     ValidEvent,
 )
+from tfm_cli.training.guided_alignment import AlignmentGuide, PieceTable
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.log_window import LogWindow
 from tfm_cli.training.objective import LossModule, scheduled_learning_rate
@@ -103,7 +104,16 @@ class Trainer:
             # Fine-tuning (--init) starts from the checkpoint's weights; the optimizer state starts fresh.
             self.model.load_state_dict(init.state)
         self.model = self.model.to(device).train()
-        self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing)
+        # Guided alignment (data.train_alignment): the head it supervises; None in an unguided run.
+        self.alignment = None
+        self.guide = None
+        if data.train_links is not None:
+            self.alignment = AlignmentConfig(layer=config.alignment_layer, head=config.alignment_head)
+            self.alignment.check(self.model_config.n_dec_layers, self.model_config.n_heads,
+                                 ("train.alignment_layer", "train.alignment_head"))
+            self.guide = AlignmentGuide(data.train_links, PieceTable.of(data.src_tokenizer),
+                                        PieceTable.of(data.tgt_tokenizer), self.special_ids)
+        self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing, self.alignment)
         if world.distributed:
             # Every rank built the same initial weights from the seed; dropout must differ between ranks.
             torch.manual_seed(config.derived_seed("dropout", world.rank))
@@ -122,7 +132,8 @@ class Trainer:
         precision = resolve_precision(config.precision, device)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type)
+        self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type, self.alignment,
+                                     config.alignment_weight)
         self.counters = Counters(world_size=world.world_size)
         self.agreed_elapsed = 0.0  # set by agreed_stop_reason before every update
         self.last_valid: ValidResult | None = None
@@ -140,7 +151,10 @@ class Trainer:
         counters = self.counters
         while True:
             rows, counters.epoch, counters.batch_in_epoch = self.sampler.update(counters.epoch, counters.batch_in_epoch)
-            yield [collate(self.data.train, indices, self.special_ids).to(self.device) for indices in rows]
+            batches = [collate(self.data.train, indices, self.special_ids) for indices in rows]
+            if self.guide is not None:
+                batches = [self.guide.annotate(batch) for batch in batches]
+            yield [batch.to(self.device) for batch in batches]
 
     def updates_per_epoch(self) -> int:
         """Optimizer updates in one epoch (the same in every epoch)."""
@@ -179,11 +193,13 @@ class Trainer:
 
         Its decoding defaults are the recipe's [decode] settings, over those of the --init checkpoint
         (an imported model's generation settings): the model decodes as tuned unless flags say otherwise.
+        A guided run records its supervised head as the checkpoint's alignment; an unguided one records
+        none (fine-tuning without guidance moves the heads of an --init checkpoint that had one).
         """
         decode_defaults = {**(self.init.decode_defaults if self.init is not None else {}), **self.recipe.decode}
         checkpoint = make_checkpoint(
             self.model_config, model_weights(self.model), self.data.src_tokenizer, self.data.tgt_tokenizer,
-            self.provenance(), decode_defaults,
+            self.provenance(), decode_defaults, alignment=None if self.alignment is None else asdict(self.alignment),
         )
         return encode_checkpoint(checkpoint)
 
@@ -408,6 +424,7 @@ class Trainer:
             tgt_tokens_per_s=figures["tgt_tokens_per_s"], tokens_per_s=figures["tokens_per_s"],
             padding=figures["padding"], elapsed=self.counters.elapsed, eta=self.eta(seconds_per_step),
             overflow_steps=self.counters.overflow_steps, nonfinite_steps=self.counters.nonfinite_steps,
+            alignment_loss=figures["alignment_loss"],
         )
         write_metrics(self.metrics_path, {"kind": "train", **asdict(event)})
         self.on_event(event)

@@ -1,0 +1,259 @@
+"""Guided-alignment training (Garg et al. 2019, "Jointly Learning to Align and Translate"; Marian's
+--guided-alignment): word alignments read line-parallel to the training text, words mapped to subword
+positions, a batch's reference attention, and its cross-entropy with one head's cross-attention.
+
+Only word-level links are kept per corpus row; which subwords make up a word is derived from the
+token ids at batch time (a per-vocabulary table), so the links survive any tokenizer.
+"""
+
+from __future__ import annotations
+
+import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tfm_cli.data import Batch, SpecialIds, TokenizedCorpus, pad_rows
+from tfm_cli.errors import TfmError
+
+WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
+# Added to the attention before its log, as Marian does: a reference link to a position the head gives
+# (almost) no weight costs -log(EPSILON) at most instead of infinity.
+EPSILON = 1e-6
+WORD_COUNT_ROWS = 4096  # corpus rows whose words are counted from their ids at a time
+
+
+@dataclass(frozen=True)
+class WordLinks:
+    """The reference word links of every corpus row: row i's (source word, target word) pairs are
+    links[offsets[i]:offsets[i + 1]] (0-based word indices)."""
+
+    links: torch.Tensor  # (L, 2) int64
+    offsets: torch.Tensor  # (N + 1,) int64
+
+    def __len__(self) -> int:
+        return self.offsets.numel() - 1
+
+    def row(self, index: int) -> torch.Tensor:
+        """(k, 2) int64 links of row `index`."""
+        return self.links[int(self.offsets[index]) : int(self.offsets[index + 1])]
+
+    def select(self, rows: torch.Tensor) -> WordLinks:
+        """The links of `rows` (M,) int64, in that order."""
+        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]  # (M,), (M,)
+        offsets = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        # Link j of the new table comes from starts[row] + (j - offsets[row]).
+        row_of_link = torch.repeat_interleave(torch.arange(rows.numel()), lengths)
+        source = starts[row_of_link] + torch.arange(int(offsets[-1])) - offsets[:-1][row_of_link]
+        return WordLinks(self.links[source], offsets)
+
+
+def masked_links(links: WordLinks, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(links, offsets) of `links` with the rows where `keep` (N,) bool is False emptied."""
+    lengths = (links.offsets[1:] - links.offsets[:-1]) * keep  # (N,)
+    row_of_link = torch.repeat_interleave(torch.arange(len(links)), links.offsets[1:] - links.offsets[:-1])
+    offsets = torch.zeros_like(links.offsets)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return links.links[keep[row_of_link]], offsets
+
+
+def parse_links(text: str, path: Path, line_number: int) -> list[int]:
+    """The links of one Pharaoh line ("0-0 1-2 2?3": source-target word indices; '?' marks a possible
+    link, taken as a link) as a flat [s0, t0, s1, t1, ...]; TfmError naming the file and 1-based line."""
+    flat = []
+    for item in text.split():
+        source, separator, target = item.replace("?", "-").partition("-")
+        if not (separator and source.isdigit() and target.isdigit() and source.isascii() and target.isascii()):
+            raise TfmError(
+                f"{path}:{line_number}: {item!r} is not an alignment link; data.train_alignment is Pharaoh format, "
+                "'src-tgt' pairs of 0-based word indices separated by spaces (e.g. '0-0 1-2 2-1')"
+            )
+        flat += (int(source), int(target))
+    return flat
+
+
+def count_words(raw: bytes) -> int:
+    """Words of one line of text: what it splits into on ASCII spaces (as inference.alignment counts them:
+    sentencepiece turns only that space into '▁')."""
+    parts = raw.split(b" ")
+    return len(parts) - parts.count(b"")
+
+
+def strip_ending(raw: bytes) -> bytes:
+    """A line read in binary without its LF or CRLF ending (parallel_text's rule)."""
+    raw = raw[:-1] if raw.endswith(b"\n") else raw
+    return raw[:-1] if raw.endswith(b"\r") else raw
+
+
+def read_word_links(
+    alignment_path: str | Path, src_path: str | Path, tgt_path: str | Path
+) -> tuple[WordLinks, torch.Tensor]:
+    """Every line's links of `alignment_path`, checked against the parallel files' lines, and the words of
+    each line: (WordLinks over input lines, (lines, 2) int64 source and target word counts).
+
+    Raises TfmError, naming the file and line and what to do, when the line counts differ, a line is not
+    Pharaoh format, or a link names a word beyond its line's words.
+    """
+    alignment_path, src_path, tgt_path = Path(alignment_path), Path(src_path), Path(tgt_path)
+    if not alignment_path.is_file():
+        raise TfmError(f"{alignment_path}: no such alignment file (data.train_alignment)")
+    flat, offsets, words = array.array("q"), array.array("q", [0]), array.array("q")
+    with open(alignment_path, "rb") as alignments, open(src_path, "rb") as src, open(tgt_path, "rb") as tgt:
+        for number, (raw_links, raw_src, raw_tgt) in enumerate(zip(alignments, src, tgt), start=1):
+            try:
+                text = strip_ending(raw_links).decode("utf-8")
+            except UnicodeDecodeError:
+                raise TfmError(f"{alignment_path}:{number}: not UTF-8 text; an alignment line holds links such as '0-0 1-2'") from None
+            links = parse_links(text, alignment_path, number)
+            n_src, n_tgt = count_words(strip_ending(raw_src)), count_words(strip_ending(raw_tgt))
+            for source, target in zip(links[0::2], links[1::2]):
+                if source >= n_src or target >= n_tgt:
+                    raise TfmError(
+                        f"{alignment_path}:{number}: link {source}-{target} is beyond the pair's words: line {number} of "
+                        f"{src_path.name} has {n_src} words and of {tgt_path.name} {n_tgt} (0-based indices of "
+                        "space-separated words); align the very files data.train_src and data.train_tgt name"
+                    )
+            flat.extend(links)
+            offsets.append(len(flat) // 2)
+            words.extend((n_src, n_tgt))
+        lines = len(offsets) - 1
+        rest = {path: lines + sum(1 for _ in f) for path, f in ((alignment_path, alignments), (src_path, src), (tgt_path, tgt))}
+    if len(set(rest.values())) > 1:
+        raise TfmError(
+            f"{alignment_path} has {rest[alignment_path]:,} lines but the training data {src_path.name} / {tgt_path.name} "
+            f"has {rest[src_path]:,} / {rest[tgt_path]:,}; data.train_alignment needs one line of links per training "
+            "pair (an empty line for a pair without links)"
+        )
+    links = torch.tensor(flat, dtype=torch.int64).view(-1, 2)  # (L, 2)
+    counts = torch.tensor(words, dtype=torch.int64).view(-1, 2)  # (lines, 2)
+    return WordLinks(links, torch.tensor(offsets, dtype=torch.int64)), counts
+
+
+@dataclass(frozen=True)
+class PieceTable:
+    """Per vocabulary id, what word_spans (inference/alignment.py) asks of its piece: whether it has
+    content (more than '▁'), starts with '▁', or ends with one (a bare '▁' does)."""
+
+    content: torch.Tensor  # (V,) bool
+    leading_space: torch.Tensor  # (V,) bool
+    trailing_space: torch.Tensor  # (V,) bool
+
+    @classmethod
+    def of(cls, tokenizer) -> PieceTable:
+        """The table of a tokenizer (anything with vocab_size and id_to_piece)."""
+        texts = [tokenizer.id_to_piece(index).replace(WORD_BOUNDARY, " ") for index in range(tokenizer.vocab_size)]
+        return cls(
+            torch.tensor([bool(text.strip(" ")) for text in texts]),
+            torch.tensor([text.startswith(" ") for text in texts]),
+            torch.tensor([text.endswith(" ") for text in texts]),
+        )
+
+
+def word_index(ids: torch.Tensor, real: torch.Tensor, table: PieceTable) -> torch.Tensor:
+    """The word of every token: ids (B, L) int64, real (B, L) bool (False: padding, EOS) -> (B, L) int64, -1
+    where not real or the row has no word.
+
+    word_spans' rules, on whole batches: a piece with content starts a word if it starts with '▁', is
+    the first piece with content, or follows a piece ending in '▁'; pieces with content join the word
+    before, pieces without (a bare '▁') the word after (trailing ones the last word). (word_spans also
+    lets a '▁' carry over an empty-string piece; sentencepiece makes none.)
+    """
+    content = table.content[ids] & real  # (B, L)
+    trailing = table.trailing_space[ids] & real
+    after_space = torch.zeros_like(trailing)
+    after_space[:, 1:] = trailing[:, :-1]
+    first = content & (content.cumsum(1) == 1)
+    starts = content & (table.leading_space[ids] | after_space | first)
+    count = starts.cumsum(1)  # (B, L): words started up to here
+    n_words = count[:, -1:]  # (B, 1)
+    words = torch.where(content, count - 1, torch.minimum(count, n_words - 1))
+    return words.masked_fill(~real | (n_words == 0), -1)
+
+
+def real_tokens(ids: torch.Tensor, special: SpecialIds) -> torch.Tensor:
+    """(B, L) bool: the tokens that belong to words (not padding, EOS or BOS)."""
+    return (ids != special.pad_id) & (ids != special.eos_id) & (ids != special.bos_id)
+
+
+def corpus_word_counts(
+    tokens: torch.Tensor, offsets: torch.Tensor, table: PieceTable, special: SpecialIds
+) -> torch.Tensor:
+    """(N,) int64 words of every sentence of a flat token tensor (TokenizedCorpus), counted from its ids."""
+    counts = []
+    for first in range(0, offsets.numel() - 1, WORD_COUNT_ROWS):
+        rows = torch.arange(first, min(first + WORD_COUNT_ROWS, offsets.numel() - 1))
+        ids = pad_rows(tokens, offsets, rows, special.pad_id)
+        counts.append(word_index(ids, real_tokens(ids, special), table).max(dim=1).values + 1)
+    return torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int64)
+
+
+def corpus_word_links(
+    alignment_path: str | Path, src_path: str | Path, tgt_path: str | Path, corpus: TokenizedCorpus,
+    src_table: PieceTable, tgt_table: PieceTable, special: SpecialIds,
+) -> tuple[WordLinks, int]:
+    """The links of every row of `corpus` (prepared from src_path/tgt_path alone): the alignment lines of
+    the pairs filtering kept, in corpus order; rows whose tokens make other words than their text's
+    spaces (a tokenizer that normalises spaces) are left without links. Returns (links, such rows).
+    """
+    by_line, words = read_word_links(alignment_path, src_path, tgt_path)
+    lines = corpus.line_numbers.to(torch.int64)
+    links = by_line.select(lines)
+    tokenized = torch.stack([
+        corpus_word_counts(corpus.src_tokens, corpus.src_offsets, src_table, special),
+        corpus_word_counts(corpus.tgt_tokens, corpus.tgt_offsets, tgt_table, special),
+    ], dim=1)  # (N, 2)
+    differ = (tokenized != words[lines]).any(dim=1)  # (N,)
+    if bool(differ.any()):
+        links = WordLinks(*masked_links(links, ~differ))
+    return links, int(differ.sum())
+
+
+class AlignmentGuide:
+    """What a guided run adds to each batch: the reference attention of its rows."""
+
+    def __init__(self, links: WordLinks, src_table: PieceTable, tgt_table: PieceTable, special: SpecialIds) -> None:
+        self.links, self.src_table, self.tgt_table, self.special = links, src_table, tgt_table, special
+
+    def annotate(self, batch: Batch) -> Batch:
+        """`batch` (on the host) with its reference attention and supervised row count set."""
+        batch.alignment, batch.n_aligned_rows = reference_attention(
+            batch.src, batch.tgt_out, [self.links.row(int(row)) for row in batch.indices],
+            self.src_table, self.tgt_table, self.special,
+        )
+        return batch
+
+
+def reference_attention(
+    src: torch.Tensor, tgt_out: torch.Tensor, links: list[torch.Tensor], src_table: PieceTable,
+    tgt_table: PieceTable, special: SpecialIds,
+) -> tuple[torch.Tensor, int]:
+    """The attention each decoder row should have: src (B, S), tgt_out (B, T) int64, links per row (k, 2).
+
+    Row t of a teacher-forced pass predicts tgt_out[:, t] (its input is token t - 1): it should spread
+    evenly over the source subwords of the source words linked to the target word that holds token t.
+    Rows of unlinked words, of EOS and of padding are all zero. Returns ((B, T, S) float32, rows with a
+    reference).
+    """
+    src_words = word_index(src, real_tokens(src, special), src_table)  # (B, S)
+    tgt_words = word_index(tgt_out, real_tokens(tgt_out, special), tgt_table)  # (B, T)
+    batch = src.size(0)
+    linked = torch.zeros(batch, int(src_words.max()) + 1, int(tgt_words.max()) + 1, dtype=torch.bool)
+    rows = torch.repeat_interleave(torch.arange(batch), torch.tensor([row.size(0) for row in links]))
+    if rows.numel():
+        pairs = torch.cat(links)  # (L, 2)
+        linked[rows, pairs[:, 0], pairs[:, 1]] = True
+    # (B, T, S): is source token s's word linked to target token t's word?
+    reference = linked[
+        torch.arange(batch)[:, None, None], src_words.clamp(min=0)[:, None, :], tgt_words.clamp(min=0)[:, :, None]
+    ]
+    reference &= (src_words >= 0)[:, None, :] & (tgt_words >= 0)[:, :, None]
+    counts = reference.sum(dim=-1, keepdim=True)  # (B, T, 1)
+    return reference / counts.clamp(min=1), int((counts > 0).sum())
+
+
+def alignment_loss(attention: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy -sum q log(a + EPSILON) of attention a against reference q, both (B, T, S), summed over
+    all rows (rows without a reference are zero); a float32 scalar."""
+    return -(reference * torch.log(attention.float() + EPSILON)).sum()
