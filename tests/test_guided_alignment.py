@@ -19,6 +19,7 @@ from tfm_cli.config import AlignmentConfig
 from tfm_cli.corpus_cache import prepare_corpus
 from tfm_cli.corpus_filters import FilterSettings
 from tfm_cli.data import FilterStats, SpecialIds, TokenizedCorpus, collate, flatten
+from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import word_spans
 from tfm_cli.model import Transformer, attention
 from tfm_cli.special_ids import EOS_ID
@@ -28,6 +29,7 @@ from tfm_cli.training.guided_alignment import (
     PieceTable,
     alignment_loss,
     corpus_word_links,
+    read_word_links,
     reference_attention,
     word_index,
 )
@@ -196,6 +198,24 @@ def test_filtering_drops_a_middle_pair_together_with_its_alignment_line(tmp_path
     links, untokenizable = corpus_word_links(align, src, tgt, corpus, table, table, SPECIAL)
     assert untokenizable == 0
     assert [links.row(i).tolist() for i in range(len(links))] == [[[0, 0], [1, 1]], [[0, 0], [1, 1], [2, 2]]]
+
+
+@pytest.mark.unit
+def test_pharaoh_lines_take_possible_links_and_empty_lines_and_name_a_bad_link(tmp_path):
+    src, tgt, align = tmp_path / "a.src", tmp_path / "a.tgt", tmp_path / "a.align"
+    src.write_text("a b c\nd\ne  f\n", encoding="utf-8")  # a double space makes no empty word
+    tgt.write_text("x y\nz\nu v w\n", encoding="utf-8")
+    align.write_text("0-0 2?1\n\n1-2\r\n", encoding="utf-8")
+    links, words = read_word_links(align, src, tgt)
+    assert links.links.tolist() == [[0, 0], [2, 1], [1, 2]] and links.offsets.tolist() == [0, 2, 2, 3]
+    assert words.tolist() == [[3, 2], [1, 1], [2, 3]]
+    align.write_text("0-0 2:1\n\n\n", encoding="utf-8")
+    with pytest.raises(TfmError, match=r"a.align:1: '2:1' is not an alignment link"):
+        read_word_links(align, src, tgt)
+    tgt.write_text("x y\nz\n", encoding="utf-8")
+    align.write_text("0-0\n\n\n", encoding="utf-8")
+    with pytest.raises(TfmError, match=r"a.align has 3 lines but the training data a.src / a.tgt has 3 / 2"):
+        read_word_links(align, src, tgt)
 
 
 def write_synthetic_alignment(synthetic: dict[str, Path], path: Path) -> Path:

@@ -9,6 +9,8 @@ token ids at batch time (a per-vocabulary table), so the links survive any token
 from __future__ import annotations
 
 import array
+import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,11 @@ WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
 # Added to the attention before its log, as Marian does: a reference link to a position the head gives
 # (almost) no weight costs -log(EPSILON) at most instead of infinity.
 EPSILON = 1e-6
+CHUNK_LINES = 50_000  # alignment lines parsed at a time
 WORD_COUNT_ROWS = 4096  # corpus rows whose words are counted from their ids at a time
+# One Pharaoh line: "src-tgt" (or "src?tgt") pairs of ASCII digits separated by whitespace, or nothing.
+PHARAOH_LINE = re.compile(rb"\s*(?:\d+[-?]\d+(?:\s+\d+[-?]\d+)*)?\s*")
+NUMBER = re.compile(rb"\d+")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,19 @@ def masked_links(links: WordLinks, keep: torch.Tensor) -> tuple[torch.Tensor, to
     return links.links[keep[row_of_link]], offsets
 
 
+def line_count_error(alignment_path: Path, src_path: Path, tgt_path: Path) -> TfmError:
+    """The error for an alignment file whose line count differs from the training data's (each file counted)."""
+    counts = {}
+    for path in (alignment_path, src_path, tgt_path):
+        with open(path, "rb") as f:
+            counts[path] = sum(1 for _ in f)
+    return TfmError(
+        f"{alignment_path} has {counts[alignment_path]:,} lines but the training data {src_path.name} / {tgt_path.name} "
+        f"has {counts[src_path]:,} / {counts[tgt_path]:,}; data.train_alignment needs one line of links per training "
+        "pair (an empty line for a pair without links)"
+    )
+
+
 def parse_links(text: str, path: Path, line_number: int) -> list[int]:
     """The links of one Pharaoh line ("0-0 1-2 2?3": source-target word indices; '?' marks a possible
     link, taken as a link) as a flat [s0, t0, s1, t1, ...]; TfmError naming the file and 1-based line."""
@@ -81,10 +100,9 @@ def count_words(raw: bytes) -> int:
     return len(parts) - parts.count(b"")
 
 
-def strip_ending(raw: bytes) -> bytes:
-    """A line read in binary without its LF or CRLF ending (parallel_text's rule)."""
-    raw = raw[:-1] if raw.endswith(b"\n") else raw
-    return raw[:-1] if raw.endswith(b"\r") else raw
+def int64_tensor(values: array.array) -> torch.Tensor:
+    """A 'q' array as a (n,) int64 tensor (copied: the array may grow or go)."""
+    return torch.frombuffer(values, dtype=torch.int64).clone() if values else torch.zeros(0, dtype=torch.int64)
 
 
 def read_word_links(
@@ -99,36 +117,41 @@ def read_word_links(
     alignment_path, src_path, tgt_path = Path(alignment_path), Path(src_path), Path(tgt_path)
     if not alignment_path.is_file():
         raise TfmError(f"{alignment_path}: no such alignment file (data.train_alignment)")
-    flat, offsets, words = array.array("q"), array.array("q", [0]), array.array("q")
+    # Flat int64 arrays (8 bytes a number, where a list would hold an object per number).
+    numbers = array.array("q")  # s0, t0, s1, t1, ... of every line
+    per_line = array.array("q")  # links of each line
+    words = array.array("q")  # source words, target words of each line
     with open(alignment_path, "rb") as alignments, open(src_path, "rb") as src, open(tgt_path, "rb") as tgt:
-        for number, (raw_links, raw_src, raw_tgt) in enumerate(zip(alignments, src, tgt), start=1):
-            try:
-                text = strip_ending(raw_links).decode("utf-8")
-            except UnicodeDecodeError:
-                raise TfmError(f"{alignment_path}:{number}: not UTF-8 text; an alignment line holds links such as '0-0 1-2'") from None
-            links = parse_links(text, alignment_path, number)
-            n_src, n_tgt = count_words(strip_ending(raw_src)), count_words(strip_ending(raw_tgt))
-            for source, target in zip(links[0::2], links[1::2]):
-                if source >= n_src or target >= n_tgt:
-                    raise TfmError(
-                        f"{alignment_path}:{number}: link {source}-{target} is beyond the pair's words: line {number} of "
-                        f"{src_path.name} has {n_src} words and of {tgt_path.name} {n_tgt} (0-based indices of "
-                        "space-separated words); align the very files data.train_src and data.train_tgt name"
-                    )
-            flat.extend(links)
-            offsets.append(len(flat) // 2)
-            words.extend((n_src, n_tgt))
-        lines = len(offsets) - 1
-        rest = {path: lines + sum(1 for _ in f) for path, f in ((alignment_path, alignments), (src_path, src), (tgt_path, tgt))}
-    if len(set(rest.values())) > 1:
+        number = 0
+        while chunk := list(itertools.zip_longest(*(itertools.islice(f, CHUNK_LINES) for f in (alignments, src, tgt)))):
+            for raw_links, raw_src, raw_tgt in chunk:
+                number += 1
+                if raw_links is None or raw_src is None or raw_tgt is None:
+                    raise line_count_error(alignment_path, src_path, tgt_path)
+                if not PHARAOH_LINE.fullmatch(raw_links):
+                    parse_links(raw_links.decode("utf-8", errors="replace"), alignment_path, number)  # names the link
+                    raise TfmError(f"{alignment_path}:{number}: not an alignment line; links are 'src-tgt' pairs such as '0-0 1-2'")
+                per_line.append(raw_links.count(b"-") + raw_links.count(b"?"))
+                words.extend((count_words(raw_src.rstrip(b"\r\n")), count_words(raw_tgt.rstrip(b"\r\n"))))
+            # One regex and one int conversion per chunk: a per-line loop over the numbers costs several times more.
+            numbers.extend(map(int, NUMBER.findall(b" ".join(raw_links for raw_links, _, _ in chunk))))
+    lines = len(per_line)
+    links = int64_tensor(numbers).view(-1, 2)  # (L, 2)
+    offsets_tensor = torch.zeros(lines + 1, dtype=torch.int64)
+    torch.cumsum(int64_tensor(per_line), 0, out=offsets_tensor[1:])  # (lines + 1,)
+    counts = int64_tensor(words).view(-1, 2)  # (lines, 2)
+    line_of_link = torch.repeat_interleave(torch.arange(lines), offsets_tensor[1:] - offsets_tensor[:-1])  # (L,)
+    beyond = (links >= counts[line_of_link]).any(dim=1).nonzero()  # (bad links, 1)
+    if beyond.numel():
+        link = int(beyond[0, 0])
+        line = int(line_of_link[link])
+        (source, target), (n_src, n_tgt) = links[link].tolist(), counts[line].tolist()
         raise TfmError(
-            f"{alignment_path} has {rest[alignment_path]:,} lines but the training data {src_path.name} / {tgt_path.name} "
-            f"has {rest[src_path]:,} / {rest[tgt_path]:,}; data.train_alignment needs one line of links per training "
-            "pair (an empty line for a pair without links)"
+            f"{alignment_path}:{line + 1}: link {source}-{target} is beyond the pair's words: line {line + 1} of "
+            f"{src_path.name} has {n_src} words and of {tgt_path.name} {n_tgt} (0-based indices of "
+            "space-separated words); align the very files data.train_src and data.train_tgt name"
         )
-    links = torch.tensor(flat, dtype=torch.int64).view(-1, 2)  # (L, 2)
-    counts = torch.tensor(words, dtype=torch.int64).view(-1, 2)  # (lines, 2)
-    return WordLinks(links, torch.tensor(offsets, dtype=torch.int64)), counts
+    return WordLinks(links, offsets_tensor), counts
 
 
 @dataclass(frozen=True)
@@ -239,7 +262,8 @@ def reference_attention(
     src_words = word_index(src, real_tokens(src, special), src_table)  # (B, S)
     tgt_words = word_index(tgt_out, real_tokens(tgt_out, special), tgt_table)  # (B, T)
     batch = src.size(0)
-    linked = torch.zeros(batch, int(src_words.max()) + 1, int(tgt_words.max()) + 1, dtype=torch.bool)
+    # (B, source words, target words); at least 1 x 1, so a batch without words still indexes it.
+    linked = torch.zeros(batch, max(int(src_words.max()), 0) + 1, max(int(tgt_words.max()), 0) + 1, dtype=torch.bool)
     rows = torch.repeat_interleave(torch.arange(batch), torch.tensor([row.size(0) for row in links]))
     if rows.numel():
         pairs = torch.cat(links)  # (L, 2)
