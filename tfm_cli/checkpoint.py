@@ -27,7 +27,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from tfm_cli.config import AlignmentConfig, DecodeConfig, ModelConfig, config_from_dict, config_to_dict
+from tfm_cli.checkpoint_metadata import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    read_alignment,
+    read_decode_defaults,
+    read_metadata,
+)
+from tfm_cli.config import AlignmentConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.precision import convert_linear_layers
@@ -35,20 +42,12 @@ from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
 from tfm_cli.vocabulary import MappedTokenizer, decode_vocabulary, encode_vocabulary
 
-FORMAT_NAME = "tfm-checkpoint"
-FORMAT_VERSION = 1
 SRC_TOKENIZER_KEY = "tokenizer.src"
 TGT_TOKENIZER_KEY = "tokenizer.tgt"
 SRC_VOCAB_KEY = "tokenizer.src_vocab"
 TGT_VOCAB_KEY = "tokenizer.tgt_vocab"
 # Every file a checkpoint embeds as bytes: the one list read_checkpoint checks (dtype, shape) before use.
 EMBEDDED_FILE_KEYS = (SRC_TOKENIZER_KEY, TGT_TOKENIZER_KEY, SRC_VOCAB_KEY, TGT_VOCAB_KEY)
-# The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
-# unless a flag says otherwise).
-DECODE_DEFAULT_KEYS = (
-    "beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b", "banned_ids", "renormalize",
-    "forced_eos",
-)
 TOKENIZER_PREFIX = "tokenizer."
 HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
 SENTENCEPIECE_LIMIT = 64 * 1024 * 1024  # larger files are not tried as sentencepiece models
@@ -221,49 +220,6 @@ def is_sentencepiece_model(path: Path) -> bool:
     return True
 
 
-def read_metadata(path: Path, header: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
-    """The model config and provenance of a checkpoint's safetensors header, validated before any tensor is read.
-
-    Every size the config names is bounded by what the file holds: its layer counts must match the
-    layers whose tensors the header lists (so a crafted config cannot make tfm build 20,000 layers),
-    and config validation bounds the rest (model.max_positions). Raises TfmError naming the file.
-    """
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict):
-        raise TfmError(f"{path}: damaged checkpoint metadata (not a JSON object)")
-    if metadata.get("format") != FORMAT_NAME:
-        raise TfmError(f"{path}: a safetensors file, but not a tfm checkpoint (no format={FORMAT_NAME!r} metadata)")
-    version = metadata.get("format_version")
-    if version != str(FORMAT_VERSION):
-        if not isinstance(version, str):
-            raise TfmError(f"{path}: damaged checkpoint metadata (format_version is {version!r}, not a string)")
-        raise TfmError(
-            f"{path}: checkpoint format version {version!r} is not supported (this tfm reads version "
-            f"{FORMAT_VERSION}); convert it or use a matching tfm release"
-        )
-    parsed = {}
-    for key, default in (("model_config", None), ("provenance", "{}")):
-        text = metadata.get(key, default)
-        try:
-            parsed[key] = json.loads(text) if isinstance(text, str) else None
-        except json.JSONDecodeError:
-            parsed[key] = None
-        if not isinstance(parsed[key], dict):
-            raise TfmError(f"{path}: damaged checkpoint metadata ({key} is not a JSON object)")
-    try:
-        config = config_from_dict(ModelConfig, parsed["model_config"], "model")
-    except TfmError as error:
-        raise TfmError(f"{path}: bad model config in checkpoint: {error}") from None
-    for stack, count in (("encoder_layers", config.n_enc_layers), ("decoder_layers", config.n_dec_layers)):
-        present = {name.split(".")[1] for name in header if name.startswith(f"{stack}.") and name.count(".") > 1}
-        if len(present) != count:
-            raise TfmError(
-                f"{path}: bad model config in checkpoint: it names {count} {stack.replace('_', ' ')}, "
-                f"the file holds tensors for {len(present)}"
-            )
-    return config, parsed["provenance"]
-
-
 def read_checkpoint(path: Path | str) -> Checkpoint:
     """Read and validate a tfm checkpoint file. Returns the Checkpoint; raises TfmError naming the file.
 
@@ -335,55 +291,6 @@ def embedded_files(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, by
             )
         files[key] = tensor.numpy().tobytes()
     return files
-
-
-def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """The checkpoint's decoding defaults (metadata decode_defaults), validated; {} when it has none.
-
-    Raises TfmError naming the file for damaged JSON, a key outside DECODE_DEFAULT_KEYS, a value
-    DecodeConfig refuses, or a banned id outside the target vocabulary.
-    """
-    text = header.get("__metadata__", {}).get("decode_defaults")
-    if text is None:
-        return {}
-    try:
-        values = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        values = None
-    if not isinstance(values, dict):
-        raise TfmError(f"{path}: damaged checkpoint metadata (decode_defaults is not a JSON object)")
-    unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
-    if unknown:
-        raise TfmError(f"{path}: bad decode_defaults in checkpoint: unknown key {unknown[0]!r}")
-    try:
-        decode = config_from_dict(DecodeConfig, values, "decode_defaults")
-    except TfmError as error:
-        raise TfmError(f"{path}: bad decode_defaults in checkpoint: {error}") from None
-    outside = [token for token in decode.banned_ids if token >= config.tgt_vocab_size]
-    if outside:
-        raise TfmError(f"{path}: bad decode_defaults in checkpoint: banned id {outside[0]} is outside the target vocabulary")
-    return {key: getattr(decode, key) for key in values}
-
-
-def read_alignment(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """The checkpoint's alignment settings (metadata alignment, AlignmentConfig fields), validated; {} if none.
-
-    Raises TfmError naming the file for damaged JSON, an unknown key or a layer/head the model lacks.
-    """
-    text = header.get("__metadata__", {}).get("alignment")
-    if text is None:
-        return {}
-    try:
-        values = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        values = None
-    if not isinstance(values, dict):
-        raise TfmError(f"{path}: damaged checkpoint metadata (alignment is not a JSON object)")
-    try:
-        config_from_dict(AlignmentConfig, values, "alignment").check(config.n_dec_layers, config.n_heads)
-    except TfmError as error:
-        raise TfmError(f"{path}: bad alignment settings in checkpoint: {error}") from None
-    return values
 
 
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:

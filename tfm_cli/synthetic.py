@@ -95,7 +95,8 @@ def generate_pairs(count: int, seed: int) -> list[SentencePair]:
 
 
 def write_corpus(folder: Path, train_size: int, valid_size: int, test_size: int, seed: int) -> dict[str, Path]:
-    """Write train/valid/test .src/.tgt files (and test.align, Pharaoh gold) with no sentence shared.
+    """Write train/valid/test .src/.tgt files, and each split's gold word alignment .align (Pharaoh), with
+    no sentence shared. train.align is what guided-alignment training reads (data.train_alignment).
 
     Returns the written paths by name, e.g. {"train.src": Path(...), "test.align": Path(...)}.
     """
@@ -112,7 +113,7 @@ def write_corpus(folder: Path, train_size: int, valid_size: int, test_size: int,
             path = folder / f"{split}.{side}"
             path.write_text("".join(getattr(p, "source" if side == "src" else "target") + "\n" for p in split_pairs), encoding="utf-8")
             written[f"{split}.{side}"] = path
-    align = folder / "test.align"
-    align.write_text("".join(p.pharaoh() + "\n" for p in splits["test"]), encoding="utf-8")
-    written["test.align"] = align
+        align = folder / f"{split}.align"
+        align.write_text("".join(p.pharaoh() + "\n" for p in split_pairs), encoding="utf-8")
+        written[f"{split}.align"] = align
     return written

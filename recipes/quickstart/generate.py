@@ -1,4 +1,4 @@
-"""Write the quickstart's synthetic corpus (train/valid/test .src/.tgt and gold test.align) into a folder.
+"""Write the quickstart's synthetic corpus (train/valid/test .src/.tgt and their gold .align) into a folder.
 
 Usage: python recipes/quickstart/generate.py OUT_DIR [--train N] [--seed S]
 """

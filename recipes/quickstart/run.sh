@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # The quickstart: a synthetic language pair through all six tfm subcommands, on the CPU, in ~2 minutes.
-#   bash recipes/quickstart/run.sh [RUN_DIR]        (default runs/quickstart; it is recreated)
+#   bash recipes/quickstart/run.sh [RUN_DIR] [guided] [extra `tfm train` options, e.g. --set train.seed=2]
+# RUN_DIR defaults to runs/quickstart; it is recreated. With `guided`, training also teaches one
+# cross-attention head the generator's gold word alignments of the training pairs (guided alignment:
+# data.train_alignment, train.alignment_weight), and that head aligns from then on.
 # Results (test BLEU, alignment agreement with the gold alignment) are printed at the end.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 run="${1:-runs/quickstart}"
+mode="${2:-plain}"
+case "$mode" in
+  plain|guided) ;;
+  *) echo "error: the second argument is \`guided\` or nothing, got '$mode'" >&2; exit 2 ;;
+esac
+shift $(( $# < 2 ? $# : 2 ))
 threads="${TFM_THREADS:-2}"
 rm -rf "$run" && mkdir -p "$run"
 data="$run/data"
@@ -16,11 +25,15 @@ python "$here/generate.py" "$data"
 echo "== 2/7 tfm tokenize train: one joint sentencepiece model" >&2
 tfm tokenize train "$data/train.src" "$data/train.tgt" -o "$run/spm" --vocab-size 200
 
-echo "== 3/7 tfm train" >&2
+echo "== 3/7 tfm train ($mode)" >&2
+guidance=()
+if [ "$mode" = guided ]; then
+  guidance=(--set "data.train_alignment=$data/train.align" --set train.alignment_weight=0.5)
+fi
 tfm train "$here/recipe.toml" --run "$run/train" --threads "$threads" \
   --set "data.train_src=$data/train.src" --set "data.train_tgt=$data/train.tgt" \
   --set "data.valid_src=$data/valid.src" --set "data.valid_tgt=$data/valid.tgt" \
-  --set "tokenizer.src_model=$run/spm.model"
+  --set "tokenizer.src_model=$run/spm.model" ${guidance[@]+"${guidance[@]}"} "$@"
 
 echo "== 4/7 tfm average: the last three checkpoints" >&2
 tfm average --run "$run/train" --last 3 -o "$run/average.safetensors"

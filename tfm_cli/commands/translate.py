@@ -87,7 +87,8 @@ def translate(
     """
 
     from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoint import DECODE_DEFAULT_KEYS, load_model
+    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoint_metadata import DECODE_DEFAULT_KEYS
     from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.textio import (
         DecodeStats,
