@@ -67,13 +67,12 @@ def read_metadata(path: Path, header: dict[str, Any]) -> tuple[ModelConfig, dict
     return config, parsed["provenance"]
 
 
-def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """The checkpoint's decoding defaults (metadata decode_defaults), validated; {} when it has none.
+def optional_json_object(path: Path, header: dict[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object stored under metadata `key`, or {} when the checkpoint has none.
 
-    Raises TfmError naming the file for damaged JSON, a key outside DECODE_DEFAULT_KEYS, a value
-    DecodeConfig refuses, or a banned id outside the target vocabulary.
+    Raises TfmError naming the file when the value is not a JSON object.
     """
-    text = header.get("__metadata__", {}).get("decode_defaults")
+    text = header.get("__metadata__", {}).get(key)
     if text is None:
         return {}
     try:
@@ -81,7 +80,17 @@ def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig
     except json.JSONDecodeError:
         values = None
     if not isinstance(values, dict):
-        raise TfmError(f"{path}: damaged checkpoint metadata (decode_defaults is not a JSON object)")
+        raise TfmError(f"{path}: damaged checkpoint metadata ({key} is not a JSON object)")
+    return values
+
+
+def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """The checkpoint's decoding defaults (metadata decode_defaults), validated; {} when it has none.
+
+    Raises TfmError naming the file for damaged JSON, a key outside DECODE_DEFAULT_KEYS, a value
+    DecodeConfig refuses, or a banned id outside the target vocabulary.
+    """
+    values = optional_json_object(path, header, "decode_defaults")
     unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
     if unknown:
         raise TfmError(f"{path}: bad decode_defaults in checkpoint: unknown key {unknown[0]!r}")
@@ -100,15 +109,7 @@ def read_alignment(path: Path, header: dict[str, Any], config: ModelConfig) -> d
 
     Raises TfmError naming the file for damaged JSON, an unknown key or a layer/head the model lacks.
     """
-    text = header.get("__metadata__", {}).get("alignment")
-    if text is None:
-        return {}
-    try:
-        values = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        values = None
-    if not isinstance(values, dict):
-        raise TfmError(f"{path}: damaged checkpoint metadata (alignment is not a JSON object)")
+    values = optional_json_object(path, header, "alignment")
     try:
         config_from_dict(AlignmentConfig, values, "alignment").check(config.n_dec_layers, config.n_heads)
     except TfmError as error:

@@ -8,6 +8,9 @@ from typing import Optional
 import typer
 
 from tfm_cli.commands.options import (
+    align_head_option,
+    align_layer_option,
+    align_shift_option,
     apply_threads,
     device_option,
     dtype_option,
@@ -54,9 +57,9 @@ def align(
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: align both directions and symmetrize."),
     symmetrize: Optional[str] = typer.Option(None, "--symmetrize", help="With --reverse-model: intersection, union or grow-diag-final-and (the default)."),
-    align_layer: Optional[int] = typer.Option(None, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last); default: each model's alignment settings (else -1)."),
-    align_head: Optional[str] = typer.Option(None, "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads; default: each model's (else mean)."),
-    align_shift: Optional[bool] = typer.Option(None, "--align-shift/--no-align-shift", help="Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: each model's (else no shift)."),
+    align_layer: Optional[int] = align_layer_option("each model's"),
+    align_head: Optional[str] = align_head_option("each model's"),
+    align_shift: Optional[bool] = align_shift_option("each model's"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line: words, links and the word-level attention rows (schema tfm-align/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Pairs read and aligned at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),

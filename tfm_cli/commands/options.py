@@ -46,6 +46,21 @@ def threads_option(scope: str = "") -> Any:
     return typer.Option(0, "--threads", help=f"{scope}CPU threads for torch (0 = torch's default).")
 
 
+def align_layer_option(whose: str = "the model's") -> Any:
+    """The --align-layer option (translate, align): None = the checkpoint's alignment layer."""
+    return typer.Option(None, "--align-layer", help=f"Decoder layer whose cross-attention aligns (0-based; -1 = last); default: {whose} alignment settings (else -1).")
+
+
+def align_head_option(whose: str = "the model's") -> Any:
+    """The --align-head option (translate, align): a head number or 'mean'; None = the checkpoint's."""
+    return typer.Option(None, "--align-head", help=f"Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads; default: {whose} (else mean).")
+
+
+def align_shift_option(whose: str = "the model's") -> Any:
+    """The --align-shift/--no-align-shift option (translate, align): None = the checkpoint's."""
+    return typer.Option(None, "--align-shift/--no-align-shift", help=f"Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: {whose} (else no shift).")
+
+
 def apply_threads(ctx: typer.Context, threads: int) -> None:
     """Run the current command with `threads` torch CPU threads (0 = leave torch's setting).
 

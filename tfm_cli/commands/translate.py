@@ -9,6 +9,9 @@ from typing import Optional
 import typer
 
 from tfm_cli.commands.options import (
+    align_head_option,
+    align_layer_option,
+    align_shift_option,
     apply_threads,
     device_option,
     dtype_option,
@@ -67,9 +70,9 @@ def translate(
     target_lang: Optional[str] = typer.Option(None, "--target-lang", help="Multilingual models: the target language xx of the model's >>xx<< tags (prepended to every source)."),
     scores: bool = typer.Option(False, "--scores", help="Add a TAB and the normalised score (natural log, EOS counted, / the model's length penalty)."),
     alignment: bool = typer.Option(False, "--alignment", help="Add a TAB and the word alignment (Pharaoh 'src-tgt' pairs) from cross-attention."),
-    align_layer: Optional[int] = typer.Option(None, "--align-layer", help="Decoder layer whose cross-attention aligns (0-based; -1 = last); default: the model's alignment settings (else -1)."),
-    align_head: Optional[str] = typer.Option(None, "--align-head", help="Attention head that aligns: a number (0-based; negative counts from the end), or 'mean' over heads; default: the model's (else mean)."),
-    align_shift: Optional[bool] = typer.Option(None, "--align-shift/--no-align-shift", help="Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: the model's (else no shift)."),
+    align_layer: Optional[int] = align_layer_option(),
+    align_head: Optional[str] = align_head_option(),
+    align_shift: Optional[bool] = align_shift_option(),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
