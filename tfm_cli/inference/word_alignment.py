@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -169,8 +169,10 @@ class WordAligner:
             tgt_in = torch.full((len(batch), width), config.pad_id, dtype=torch.long)  # (B, T): [BOS] + ids, padded
             for row, i in enumerate(batch):
                 tgt_in[row, : len(encoded[i][2]) + 1] = torch.tensor([config.bos_id] + encoded[i][2], dtype=torch.long)
-            decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True)
-            attention = chosen_attention(decoded.cross_attention, self.alignment).float().cpu()  # (B, T, S)
+            # Only the aligning layer computes attention weights; the others keep the fused kernel.
+            decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), attention_layer=self.alignment.layer)
+            attention = chosen_attention([decoded.layer_cross_attention], replace(self.alignment, layer=0))
+            attention = attention.float().cpu()  # (B, T, S)
             for row, i in enumerate(batch):
                 src_ids, src_spans, tgt_ids, tgt_spans = encoded[i]
                 # Rows: the target pieces (the </s> row dropped); columns: the source pieces (EOS dropped).
