@@ -6,7 +6,7 @@
 # M30K_FR_DIR: Multi30k English-French, lowercased and tokenized, as {train,val,test_2016_flickr}.{en,fr}
 #   (data/task1/tok/*.lc.norm.tok.* of github.com/multi30k/dataset, renamed).
 # GOLD_DIR: gold.en, gold.fr, gold.talp, prepared as bench/README.md says (WPT-03 Hansards).
-# Needs the bench extra (eflomal): pip install -e '.[bench]'. About 75 minutes on 2 cores.
+# Needs eflomal: pip install -e '.[aligners]'. About 75 minutes on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bench="$here/../../bench"

@@ -5,7 +5,7 @@
 #   bash recipes/multi30k/run.sh de-en|en-de [RUN_DIR] [extra `tfm train` options, e.g. --set k=v]
 # RUN_DIR defaults to runs/multi30k-<direction>; it is recreated. Data: $MULTI30K_DIR when set,
 # otherwise downloaded once into ~/.cache/tfm/multi30k (see fetch.py).
-# GUIDED_ALIGNMENT=1 adds guided alignment (off by default): eflomal (the bench extra) aligns the
+# GUIDED_ALIGNMENT=1 adds guided alignment (off by default): eflomal (the aligners extra) aligns the
 # training pairs in both directions, recipes/alignment/symmetrize.py combines them
 # (grow-diag-final-and), and training teaches one cross-attention head those links
 # (data.train_alignment, train.alignment_weight 0.1); translate --alignment then uses that head.
