@@ -144,14 +144,18 @@ def small_spm(tmp_path_factory, synthetic) -> Path:
 @pytest.fixture(scope="session")
 def random_checkpoint(tmp_path_factory, small_spm) -> Path:
     """An untrained tiny model (seeded random weights) with the small_spm tokenizer, as a checkpoint file."""
+    return save_random_checkpoint(tmp_path_factory.mktemp("random_checkpoint") / "model.safetensors", small_spm, seed=0)
+
+
+def save_random_checkpoint(path: Path, spm_model: Path, seed: int) -> Path:
+    """Write an untrained tiny model (weights seeded with `seed`) with the `spm_model` tokenizer to `path`."""
     from tfm_cli.checkpoint import save_model
     from tfm_cli.model import Transformer
     from tfm_cli.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_file(small_spm)
-    torch.manual_seed(0)
+    tokenizer = Tokenizer.from_file(spm_model)
+    torch.manual_seed(seed)
     model = Transformer(tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size)).eval()
-    path = tmp_path_factory.mktemp("random_checkpoint") / "model.safetensors"
     save_model(path, model, tokenizer, tokenizer)
     return path
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_config
+from conftest import run_cli, save_random_checkpoint
 
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -19,16 +19,7 @@ N_PAIRS = 12  # synthetic test pairs used: enough for several batches at --batch
 @pytest.fixture(scope="module")
 def reverse_checkpoint(tmp_path_factory, small_spm) -> Path:
     """Another untrained tiny model (seed 1) on the joint tokenizer: a target->source model unlike the forward one."""
-    from tfm_cli.checkpoint import save_model
-    from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_file(small_spm)
-    torch.manual_seed(1)
-    model = Transformer(tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size)).eval()
-    path = tmp_path_factory.mktemp("reverse_checkpoint") / "model.safetensors"
-    save_model(path, model, tokenizer, tokenizer)
-    return path
+    return save_random_checkpoint(tmp_path_factory.mktemp("reverse_checkpoint") / "model.safetensors", small_spm, seed=1)
 
 
 @pytest.fixture(scope="module")

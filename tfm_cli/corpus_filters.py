@@ -8,25 +8,26 @@ manifest and the training report take the reason and the words from the filter.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 
-class CorpusFilter:
+class CorpusFilter(ABC):
     """One reason a pair is skipped."""
 
     reason: ClassVar[str]  # its key in FilterStats.skipped and the manifest's stats
     needs_ids: ClassVar[bool] = False  # True: tested on token ids (EOS excluded) after encoding; False: on the text
 
+    @abstractmethod
     def skips(self, src, tgt) -> bool:
         """Whether the pair is skipped: two lines of text, or two lists of token ids if `needs_ids`."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def description(self) -> str:
         """The skipped pairs in words, as the report puts them after "N pairs"."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

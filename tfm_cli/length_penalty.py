@@ -38,6 +38,7 @@ class LengthPenalty(ABC):
         """The `length_penalty` Hugging Face's generate should get for this rule (exporters write it)."""
         return self.alpha
 
+    @abstractmethod
     def sentence_is_done(
         self, finished: list[float], beam: int, nbest: int, best_live: float, step: int, max_length: int
     ) -> bool:
@@ -46,7 +47,6 @@ class LengthPenalty(ABC):
         finished: the normalised scores of its finished hypotheses (any order); best_live: the raw
         score of its best live beam; max_length: its output limit (EOS excluded).
         """
-        raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.alpha == self.alpha
