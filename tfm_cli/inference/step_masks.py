@@ -2,8 +2,9 @@
 
 A mask sets the log-probs of the tokens that may not follow to -inf, in place, with tensor ops only
 (no per-row Python). Bans apply before the optional renormalisation (log_softmax again, so the
-scores are over what may be generated); the length limit after it (it only closes beams). Adding a
-constraint is one class here, listed in `step_masks`, plus its test.
+scores are over what may be generated); lexical constraints (constraints.ConstraintTracker) and the
+length limit after it (they only steer and close beams, and leave the scores the model's). Adding a
+token ban is one class here, listed in `step_masks`, plus its test.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
+from tfm_cli.inference.constraints import ConstraintTracker
 from tfm_cli.inference.decoding import StepDecoder
 
 
@@ -83,19 +85,20 @@ class LengthLimit:
 
 @dataclass
 class StepMasks:
-    """The masks of one search: bans, renormalisation, then the length limit."""
+    """The masks of one search: bans, renormalisation, then constraints and the length limit."""
 
     bans: list[StepMask]
     renormalize: bool
     limit: LengthLimit
+    constraints: ConstraintTracker | None = None  # beam search with target phrases to include
 
 
-def step_masks(decoder: StepDecoder, config: DecodeConfig) -> StepMasks:
-    """The masks `config` asks for."""
+def step_masks(decoder: StepDecoder, config: DecodeConfig, constraints: ConstraintTracker | None = None) -> StepMasks:
+    """The masks `config` asks for, plus `constraints` when a search has phrases to include."""
     bans: list[StepMask] = [BannedTokens(decoder, config.no_unk, config.banned_ids)]
     if config.min_len > 0:
         bans.append(MinLength(decoder.eos_id, config.min_len))
-    return StepMasks(bans, config.renormalize, LengthLimit(decoder.eos_id, config.forced_eos))
+    return StepMasks(bans, config.renormalize, LengthLimit(decoder.eos_id, config.forced_eos), constraints)
 
 
 def mask_step(log_probs: torch.Tensor, masks: StepMasks, step: int, row_limits: torch.Tensor) -> torch.Tensor:
@@ -109,6 +112,8 @@ def mask_step(log_probs: torch.Tensor, masks: StepMasks, step: int, row_limits: 
     if masks.renormalize:  # over what may follow; the length limit then only closes beams
         torch.log_softmax(log_probs, dim=-1, out=log_probs)
     closing = masks.limit.closing(step, row_limits)
+    if masks.constraints is not None:
+        masks.constraints.apply(log_probs, step, row_limits, closing)
     if bool(closing.any()):
         masks.limit.apply(log_probs, closing)
     return closing

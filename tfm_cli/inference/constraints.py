@@ -1,0 +1,196 @@
+"""Lexical constraints: target phrases every output must contain (Post & Vilar 2018; Hu et al. 2019).
+
+`ConstraintTracker` is the decoding seam's stateful step mask for them. Per hypothesis row it tracks
+how much of each phrase the output holds, bans EOS until every phrase is in, and near the length
+limit lets through only tokens that advance an unmet phrase. Its `candidates` is Hu et al.'s
+vectorized dynamic beam allocation: each row's best tokens plus the next token of each unmet
+phrase, grouped into banks by the number of constraint tokens met, the beam dealt out over the
+banks round-robin (most-met bank first, as fairseq's LexicallyConstrainedBeamSearch). Everything is
+tensor operations over all rows at once; only the phrase length loops in Python.
+
+Phrases are unordered and independent; one that is listed twice must appear twice. A phrase counts
+as met where its token ids appear contiguously in the output (a longer word that starts with the
+phrase's pieces also holds it, as in Sockeye and fairseq).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NO_TOKEN = -1  # padding of the phrase table and of the output window: equal to no token id
+
+
+def phrase_table(phrases_per_sentence: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack each sentence's phrases (token id lists) into tensors; identical phrases become one with a count.
+
+    Returns phrases (N, C, L) int64 padded with NO_TOKEN, lengths (N, C) int64 and needed (N, C)
+    int64 (how many times each phrase must appear; 0 for padding slots), C and L at least 1.
+    """
+    counted = []
+    for phrases in phrases_per_sentence:
+        needed: dict[tuple[int, ...], int] = {}
+        for phrase in phrases:
+            if phrase:
+                needed[tuple(phrase)] = needed.get(tuple(phrase), 0) + 1
+        counted.append(needed)
+    n_phrases = max([len(needed) for needed in counted] + [1])
+    max_length = max([len(phrase) for needed in counted for phrase in needed] + [1])
+    table = torch.full((len(counted), n_phrases, max_length), NO_TOKEN, dtype=torch.long)
+    lengths = torch.zeros((len(counted), n_phrases), dtype=torch.long)
+    needed_counts = torch.zeros((len(counted), n_phrases), dtype=torch.long)
+    for sentence, needed in enumerate(counted):
+        for slot, (phrase, count) in enumerate(needed.items()):
+            table[sentence, slot, : len(phrase)] = torch.tensor(phrase, dtype=torch.long)
+            lengths[sentence, slot] = len(phrase)
+            needed_counts[sentence, slot] = count
+    return table, lengths, needed_counts
+
+
+def phrases_met(tokens: list[int], phrases: list[list[int]]) -> list[bool]:
+    """For each phrase (token ids), whether `tokens` holds it; a phrase listed k times needs k
+    non-overlapping occurrences. Returns one bool per phrase, in order."""
+    seen: dict[tuple[int, ...], int] = {}
+    met = []
+    for phrase in phrases:
+        key = tuple(phrase)
+        seen[key] = seen.get(key, 0) + 1
+        met.append(bool(phrase) and count_occurrences(tokens, phrase) >= seen[key])
+    return met
+
+
+def count_occurrences(tokens: list[int], phrase: list[int]) -> int:
+    """How many non-overlapping times `phrase` appears contiguously in `tokens`, left to right."""
+    count, start, width = 0, 0, len(phrase)
+    while start + width <= len(tokens):
+        if tokens[start : start + width] == phrase:
+            count, start = count + 1, start + width
+        else:
+            start += 1
+    return count
+
+
+class ConstraintTracker:
+    """Constraint progress of every hypothesis row of a beam search (rows sentence-major, as the decoder's).
+
+    State per row: the last L output tokens (`window`), per phrase the completed occurrences
+    (`count`, capped at `needed`) and `progress`, the longest prefix of the phrase that ends the
+    output (so a phrase broken off half-way and restarted is matched, and so is an overlap).
+    """
+
+    def __init__(self, phrases_per_sentence: list[list[list[int]]], eos_id: int) -> None:
+        self.eos_id = eos_id
+        self.sentence_phrases, self.sentence_lengths, self.sentence_needed = phrase_table(phrases_per_sentence)
+        # Per sentence, the constraint tokens to produce (a bank index runs 0 .. this).
+        self.sentence_totals = (self.sentence_lengths * self.sentence_needed).sum(1)  # (N,)
+        self.max_total = int(self.sentence_totals.max())
+
+    def start(self, rows_per_sentence: int) -> None:
+        """Rows i*k .. i*k+k-1 for sentence i, with nothing produced yet."""
+        sentences = torch.arange(self.sentence_phrases.size(0)).repeat_interleave(rows_per_sentence)
+        self.phrases = self.sentence_phrases[sentences]  # (R, C, L)
+        self.lengths = self.sentence_lengths[sentences]  # (R, C)
+        self.needed = self.sentence_needed[sentences]  # (R, C)
+        self.totals = self.sentence_totals[sentences]  # (R,)
+        rows, n_phrases, max_length = self.phrases.shape
+        self.window = torch.full((rows, max_length), NO_TOKEN, dtype=torch.long)
+        self.count = torch.zeros((rows, n_phrases), dtype=torch.long)
+        self.progress = torch.zeros((rows, n_phrases), dtype=torch.long)
+
+    def advanced(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What each row's state would become after each of its candidate tokens, tokens: (R, M) int64.
+
+        Returns window (R, M, L), count (R, M, C) and progress (R, M, C).
+        """
+        rows, candidates = tokens.shape
+        max_length = self.window.size(1)
+        window = torch.cat([self.window[:, None, 1:].expand(rows, candidates, max_length - 1), tokens[..., None]], 2)
+        progress = torch.zeros((rows, candidates, self.phrases.size(1)), dtype=torch.long)
+        lengths = self.lengths[:, None, :]  # (R, 1, C)
+        for prefix in range(1, max_length + 1):  # longer matches overwrite shorter ones
+            ends = window[:, :, None, max_length - prefix :]  # (R, M, 1, p): the output's last p tokens
+            starts = self.phrases[:, None, :, :prefix]  # (R, 1, C, p): each phrase's first p tokens
+            matched = (ends == starts).all(-1) & (lengths >= prefix)  # (R, M, C)
+            progress = torch.where(matched, prefix, progress)
+        completed = (progress == lengths) & (lengths > 0)
+        count = torch.minimum(self.count[:, None, :] + completed.long(), self.needed[:, None, :])
+        return window, count, progress
+
+    def met_tokens(self, count: torch.Tensor, progress: torch.Tensor) -> torch.Tensor:
+        """Constraint tokens produced (the bank): whole occurrences plus the partial one in progress.
+
+        count, progress: (R, ..., C) -> (R, ...) int64.
+        """
+        lengths = self.lengths.view(self.lengths.size(0), *[1] * (count.dim() - 2), -1)
+        needed = self.needed.view_as(lengths)
+        partial = torch.where((count < needed) & (progress < lengths), progress, 0)
+        return (count * lengths + partial).sum(-1)
+
+    def unmet_tokens(self) -> torch.Tensor:
+        """(R,) int64: the constraint tokens each row has still to produce (0 = every phrase is in)."""
+        return self.totals - self.met_tokens(self.count, self.progress)
+
+    def next_tokens(self) -> torch.Tensor:
+        """(R, C) int64: per unmet phrase the token that advances it (NO_TOKEN for met or padding slots)."""
+        unmet = self.count < self.needed
+        position = torch.where(self.progress < self.lengths, self.progress, 0)  # a completed one restarts
+        tokens = self.phrases.gather(2, position[..., None])[..., 0]
+        return torch.where(unmet, tokens, NO_TOKEN)
+
+    def apply(self, log_probs: torch.Tensor, step: int, row_limits: torch.Tensor, closing: torch.Tensor) -> None:
+        """Mask log_probs: (R, V) in place: no EOS while a phrase is unmet; a row whose unmet tokens
+        fill every step left before its limit (row_limits: (R,) int64) may only advance a phrase.
+        Rows closing at their limit now (closing: (R,) bool) are left to the length limit."""
+        unmet = self.unmet_tokens()
+        open_rows = ~closing
+        ban_eos = (unmet > 0) & open_rows
+        if bool(ban_eos.any()):
+            log_probs[:, self.eos_id].masked_fill_(ban_eos.to(log_probs.device), float("-inf"))
+        forced = (unmet > 0) & (unmet >= row_limits - step) & open_rows
+        if bool(forced.any()):
+            allowed = torch.zeros(log_probs.shape, dtype=torch.bool)
+            next_tokens = self.next_tokens()
+            allowed.scatter_(1, next_tokens.clamp(min=0), next_tokens >= 0)
+            log_probs.masked_fill_((forced[:, None] & ~allowed).to(log_probs.device), float("-inf"))
+
+    def candidates(
+        self, log_probs: torch.Tensor, scores: torch.Tensor, beam: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Dynamic beam allocation: the 2 * beam candidates of each sentence, in the order the beam takes them.
+
+        log_probs: (R, V) masked; scores: (n, width) raw scores of the rows (R = n * width). Each row
+        offers its best 2 * beam tokens plus the next token of each unmet phrase. Candidates are
+        ranked by score within their bank (constraint tokens met after the token), then dealt out
+        round-robin over the banks, most-met bank first: the best of each bank, then the second of
+        each, and so on. Returns (scores, row within the sentence, tokens), each (n, 2 * beam).
+        """
+        n_sentences, width = scores.shape
+        best = min(2 * beam, log_probs.size(1))
+        tokens = torch.cat([log_probs.topk(best, dim=1).indices.cpu(), self.next_tokens()], 1)  # (R, M)
+        token_scores = log_probs.gather(1, tokens.clamp(min=0).to(log_probs.device)).cpu()
+        offered = tokens.size(1)
+        # A phrase token that is also among the row's best is offered once.
+        earlier = torch.ones(offered, offered, dtype=torch.bool).tril(-1)  # [i, j]: j comes before i
+        repeated = ((tokens[:, :, None] == tokens[:, None, :]) & earlier).any(2)
+        token_scores.masked_fill_(repeated | (tokens < 0), float("-inf"))
+        _, count, progress = self.advanced(tokens)
+        banks = self.met_tokens(count, progress).view(n_sentences, width * offered)
+        candidate_scores = (scores.view(-1, 1) + token_scores).view(n_sentences, width * offered)
+        by_score = candidate_scores.argsort(dim=1, descending=True, stable=True)
+        sorted_banks = banks.gather(1, by_score)
+        one_hot = torch.nn.functional.one_hot(sorted_banks, self.max_total + 1)  # (n, W, banks)
+        rank_in_bank = (one_hot.cumsum(1) * one_hot).sum(2) - 1  # 0 for the best of its bank
+        stripe = rank_in_bank * (self.max_total + 1) + (self.max_total - sorted_banks)
+        stripe.masked_fill_(candidate_scores.gather(1, by_score).isinf(), torch.iinfo(torch.long).max)
+        taken = by_score.gather(1, stripe.argsort(dim=1, stable=True)[:, : 2 * beam])  # (n, 2k)
+        return (
+            candidate_scores.gather(1, taken),
+            taken // offered,
+            tokens.view(n_sentences, width * offered).gather(1, taken),
+        )
+
+    def select(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Keep `rows` (R',) int64 of the state, in order, each extended by its token (R',) int64."""
+        for name in ("phrases", "lengths", "needed", "totals", "window", "count", "progress"):
+            setattr(self, name, getattr(self, name).index_select(0, rows))
+        window, count, progress = self.advanced(tokens[:, None])
+        self.window, self.count, self.progress = window[:, 0], count[:, 0], progress[:, 0]
