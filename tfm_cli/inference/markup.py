@@ -1,0 +1,416 @@
+"""Inline markup through translation: take the tags out of a source line, put them back around the
+target words aligned to the words they enclosed (Bergamot's approach, the Firefox translator).
+
+Owns tag parsing (the stdlib HTMLParser, never regular expressions) and tag placement; it neither
+translates nor aligns. Words are ASCII-space separated, as in alignment.word_char_offsets.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+from tfm_cli.inference.alignment import AlignmentPair, word_char_offsets
+
+MARKUP_MODES = ("html", "xml")
+# HTML's void elements: a start tag with no end tag, kept as a position marker.
+HTML_VOID_ELEMENTS = frozenset(
+    ["area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"]
+)
+# Elements that may sit inside a word (`un<b>der</b>line`) without splitting it: Bergamot's
+# HTMLOptions::inlineTags plus a few more phrasing elements. In html mode the tags of every other
+# element (p, div, li, td, ...) separate the words on either side, as a browser lays them out.
+HTML_INLINE_ELEMENTS = frozenset(
+    ["a", "abbr", "b", "bdi", "bdo", "cite", "code", "data", "del", "dfn", "em", "font", "i", "ins", "kbd"]
+    + ["label", "mark", "math", "output", "q", "ruby", "s", "samp", "small", "span", "strike", "strong"]
+    + ["sub", "sup", "time", "tt", "u", "var"]
+)
+# Bergamot's inWordTags: the one void element that only ever sits inside a word.
+HTML_IN_WORD_VOID = frozenset({"wbr"})
+# HTMLParser stops a tag name at these characters (html.parser.tagfind_tolerant).
+TAG_NAME_END = "\t\n\r\f />\x00"
+
+
+@dataclass
+class Marker:
+    """A tag kept verbatim at one point of the text: a void element, `<x/>`, a comment, a doctype,
+    a processing instruction, CDATA, script/style content, or a tag that did not nest."""
+
+    raw: str
+    offset: int  # character offset in MarkedLine.text where the marker sits
+    order: int  # document order, to break ties between things at the same place
+
+
+@dataclass
+class Element:
+    """A start tag and its matching end tag, verbatim, enclosing MarkedLine.text[start:end]."""
+
+    start_tag: str
+    end_tag: str
+    start: int
+    end: int
+    order: int
+    name: str = ""  # as matched: lower-cased in html mode, as written in xml mode
+    children: list[Element | Marker] = field(default_factory=list)
+
+
+@dataclass
+class MarkedLine:
+    """A source line split into the plain text to translate and the markup around it."""
+
+    text: str  # tags removed, entities and character references decoded
+    nodes: list[Element | Marker]  # the top-level elements and markers, in document order
+    well_formed: bool  # False when some tag did not nest (it is then kept as a Marker)
+
+
+@dataclass
+class _Token:
+    kind: str  # "data", "start", "end", "empty" (void or <x/>) or "marker"
+    raw: str
+    text: str = ""  # decoded text, for "data"
+    name: str = ""
+
+
+class _Tokenizer(HTMLParser):
+    """HTMLParser events as _Tokens whose raw text is sliced from the line between event offsets."""
+
+    def __init__(self, line: str, mode: str):
+        super().__init__(convert_charrefs=True)
+        self.line = line
+        self.mode = mode
+        if mode == "xml":
+            self.CDATA_CONTENT_ELEMENTS = ()  # script/style are ordinary elements in XML
+        self.line_starts = [0] + [i + 1 for i, char in enumerate(line) if char == "\n"]
+        self.events: list[tuple[int, str, str]] = []  # (offset, kind, decoded text)
+
+    def tokens(self) -> list[_Token]:
+        """Feed the whole line; every character of it ends up in exactly one token."""
+        self.feed(self.line)
+        self.close()
+        if self.rawdata:  # an unclosed <script> or <style>: HTMLParser keeps its content unread
+            self.events.append((len(self.line) - len(self.rawdata), "marker", ""))
+        offsets = [offset for offset, _, _ in self.events] + [len(self.line)]
+        tokens = []
+        for (offset, kind, text), end in zip(self.events, offsets[1:]):
+            raw = self.line[offset:end]
+            if kind == "data" and tokens and tokens[-1].kind == "data":
+                tokens[-1].raw += raw
+                tokens[-1].text += text
+            else:
+                tokens.append(_Token(kind, raw, text, self.tag_name(raw) if kind in ("start", "end", "empty") else ""))
+        return tokens
+
+    def tag_name(self, raw: str) -> str:
+        """The tag's name as HTMLParser delimits it; original case kept in xml mode."""
+        start = 2 if raw.startswith("</") else 1
+        end = start
+        while end < len(raw) and raw[end] not in TAG_NAME_END:
+            end += 1
+        return raw[start:end] if self.mode == "xml" else raw[start:end].lower()
+
+    def record(self, kind: str, text: str = "") -> None:
+        line, column = self.getpos()
+        self.events.append((self.line_starts[line - 1] + column, kind, text))
+
+    def handle_starttag(self, tag, attrs):
+        void = self.mode == "html" and tag in HTML_VOID_ELEMENTS
+        self.record("empty" if void else "start")
+
+    def handle_startendtag(self, tag, attrs):
+        self.record("empty")
+
+    def handle_endtag(self, tag):
+        self.record("end")
+
+    def handle_data(self, data):
+        # Script and style content is code, not text to translate: kept verbatim.
+        self.record("marker" if self.cdata_elem else "data", data)
+
+    def handle_comment(self, data):
+        self.record("marker")
+
+    def handle_decl(self, decl):
+        self.record("marker")
+
+    def handle_pi(self, data):
+        self.record("marker")
+
+    def unknown_decl(self, data):
+        self.record("marker")
+
+    def parse_html_declaration(self, i):
+        # _markupbase raises AssertionError on a marked section it does not know (`<![foo[`);
+        # a browser reads it as a bogus comment, and so do we.
+        try:
+            return super().parse_html_declaration(i)
+        except AssertionError:
+            return self.parse_bogus_comment(i)
+
+    def parse_endtag(self, i):
+        # HTMLParser skips "</>" without any event; keep it, so that no input is ever lost.
+        if self.rawdata.startswith("</>", i):
+            self.record("marker")
+            return i + 3
+        return super().parse_endtag(i)
+
+
+def _separates_words(token: _Token, mode: str) -> bool:
+    """Whether a tag between two non-space characters splits them into two words.
+
+    Void elements and `<x/>` (a <br> between "line1" and "line2" is a line break, and a translator
+    expects two words), and in html mode the tags of block elements, do: .text gets a space there.
+    Inline elements do not: `un<b>der</b>line` stays one word, which the tag then encloses whole.
+    Bergamot's substituteInlineTagsWithSpaces splits there too; we don't, because "un der line"
+    would be mistranslated. Comments and other markers are invisible and split nothing.
+    """
+    if token.kind == "empty":
+        return token.name not in HTML_IN_WORD_VOID or mode == "xml"
+    if token.kind in ("start", "end") and mode == "html":
+        return token.name not in HTML_INLINE_ELEMENTS
+    return False
+
+
+def parse_markup(line: str, mode: str) -> MarkedLine:
+    """Split one line of `mode` ("html" or "xml") markup into plain text and its tag tree.
+
+    Returns a MarkedLine: .text to translate, .nodes the top-level Elements and Markers (Elements
+    hold the character span they enclose in .text and their children), .well_formed. Never raises
+    on bad markup: an end tag with no open element, or an element never closed, becomes a Marker.
+    """
+    if mode not in MARKUP_MODES:
+        raise ValueError(f"markup mode must be one of {MARKUP_MODES}, not {mode!r}")
+    tokens = _Tokenizer(line, mode).tokens()
+    # next_starts_word[i]: the next text after token i (tags skipped) starts with a non-space.
+    next_starts_word = [False] * (len(tokens) + 1)
+    for index in range(len(tokens) - 1, -1, -1):
+        token = tokens[index]
+        if token.kind == "data" and token.text:
+            next_starts_word[index] = token.text[0] != " "
+        else:
+            next_starts_word[index] = next_starts_word[index + 1]
+
+    text: list[str] = []
+    length = 0
+    root = Element("", "", 0, 0, -1)
+    stack = [root]
+    well_formed = True
+
+    def add_space_if_inside_word(index: int) -> None:
+        nonlocal length
+        if _separates_words(tokens[index], mode) and length and text[-1][-1] != " " and next_starts_word[index]:
+            text.append(" ")
+            length += 1
+
+    for index, token in enumerate(tokens):
+        if token.kind == "data":
+            if token.text:
+                text.append(token.text)
+                length += len(token.text)
+        elif token.kind == "start":
+            add_space_if_inside_word(index)  # before the element: the space stays outside it
+            element = Element(token.raw, "", length, length, index, token.name)
+            stack[-1].children.append(element)
+            stack.append(element)
+        elif token.kind == "end":
+            depth = next((d for d in range(len(stack) - 1, 0, -1) if stack[d].name == token.name), None)
+            if depth is None:
+                stack[-1].children.append(Marker(token.raw, length, index))
+                well_formed = False
+            else:
+                while len(stack) - 1 > depth:
+                    _unwrap(stack)
+                    well_formed = False
+                element = stack.pop()
+                element.end_tag, element.end = token.raw, length
+            add_space_if_inside_word(index)
+        else:
+            stack[-1].children.append(Marker(token.raw, length, index))
+            add_space_if_inside_word(index)
+    while len(stack) > 1:
+        _unwrap(stack)
+        well_formed = False
+    return MarkedLine("".join(text), root.children, well_formed)
+
+
+def _unwrap(stack: list[Element]) -> None:
+    """Pop the innermost open element, which was never closed: its start tag becomes a Marker and
+    its children move up to its parent, where it was the last child."""
+    element = stack.pop()
+    parent = stack[-1]
+    parent.children.pop()
+    parent.children.append(Marker(element.start_tag, element.start, element.order))
+    parent.children.extend(element.children)
+
+
+@dataclass
+class _Target:
+    """What placement needs to know about the source, the translation and the alignment."""
+
+    marked: MarkedLine
+    translation: str
+    src_words: list[tuple[int, int]]  # character offsets in marked.text
+    tgt_words: list[tuple[int, int]]  # character offsets in translation
+    links: list[list[int]]  # links[s]: the sorted target words aligned to source word s
+
+    def words_of(self, element: Element) -> list[int]:
+        """The source words whose characters overlap the element's span (none for an empty span)."""
+        return [s for s, (start, end) in enumerate(self.src_words) if start < element.end and end > element.start]
+
+    def prev_end(self, t: int) -> int:
+        """Where the text before target word t ends: the end of word t - 1, or 0."""
+        return self.tgt_words[t - 1][1] if t > 0 else 0
+
+    def next_start(self, t: int) -> int:
+        """Where target word t starts, or the translation's end when there is no word t."""
+        return self.tgt_words[t][0] if t < len(self.tgt_words) else len(self.translation)
+
+
+def restore_markup(marked: MarkedLine, translation: str, alignment: list[AlignmentPair]) -> str:
+    """Put the tags of `marked` back into `translation`, around the target words aligned to the
+    source words they enclosed; `alignment` holds (source word, target word) index pairs.
+
+    Returns the translation with &, < and > escaped and every tag inserted verbatim exactly once;
+    its text is otherwise unchanged. Well-formed input gives well-formed output. Raises ValueError
+    for a link to a word that `marked.text` or `translation` does not have.
+    """
+    src_words = word_char_offsets(marked.text)
+    tgt_words = word_char_offsets(translation)
+    links: list[set[int]] = [set() for _ in src_words]
+    for src, tgt in alignment:
+        if not (0 <= src < len(src_words) and 0 <= tgt < len(tgt_words)):
+            raise ValueError(
+                f"alignment link {src}-{tgt} is outside {len(src_words)} source and {len(tgt_words)} target words"
+            )
+        links[src].add(tgt)
+    target = _Target(marked, translation, src_words, tgt_words, [sorted(tgts) for tgts in links])
+    root = Element("", "", 0, len(marked.text), -1, children=marked.nodes)
+    return _render(target, root, 0, len(tgt_words), 0, len(translation))
+
+
+def _render(target: _Target, parent: Element, lo: int, hi: int, char_start: int, char_end: int) -> str:
+    """The content of `parent` (without its own tags): it holds target words [lo, hi), which are
+    translation[char_start:char_end]; returns that text escaped, with the children's tags in it."""
+    intervals = _child_intervals(target, parent, lo, hi)
+    items = []  # (first word, end word, order, child, desired character offset for a point)
+    for child in parent.children:
+        if isinstance(child, Element) and child.order in intervals:
+            first, last = intervals[child.order]
+            items.append((first, last, child.order, child, 0))
+        else:
+            boundary, offset = _outside_siblings(target, *_point(target, child, lo, hi, char_end), intervals)
+            items.append((boundary, boundary, child.order, child, offset))
+    # Sorting on (first, end) puts a point at boundary k after a sibling that ends at k and before
+    # one that starts at k; siblings never overlap, so the order is a left-to-right walk.
+    items.sort(key=lambda item: item[:3])
+    out = []
+    cursor = char_start
+    for first, last, _, child, offset in items:
+        if first == last:
+            position = min(max(offset, cursor), char_end)
+            out.append(html.escape(target.translation[cursor:position], quote=False))
+            out.append(_render_point(target, child, first, position))
+            cursor = position
+            continue
+        leading, trailing = _edge_spaces(target, child)
+        start = max(cursor, target.prev_end(first), target.tgt_words[first][0] - leading)
+        end = min(char_end, target.next_start(last), target.tgt_words[last - 1][1] + trailing)
+        out.append(html.escape(target.translation[cursor:start], quote=False))
+        out.append(child.start_tag + _render(target, child, first, last, start, end) + child.end_tag)
+        cursor = end
+    out.append(html.escape(target.translation[cursor:char_end], quote=False))
+    return "".join(out)
+
+
+def _render_point(target: _Target, node: Element | Marker, boundary: int, position: int) -> str:
+    """A marker, or an element with no target words (then empty, its own children inside it)."""
+    if isinstance(node, Marker):
+        return node.raw
+    return node.start_tag + _render(target, node, boundary, boundary, position, position) + node.end_tag
+
+
+def _child_intervals(target: _Target, parent: Element, lo: int, hi: int) -> dict[int, tuple[int, int]]:
+    """Target word intervals [first, end) within [lo, hi) of the child elements that get words,
+    keyed by the child's order; pairwise disjoint.
+
+    A child claims the target words (in [lo, hi)) aligned to its source words; a word claimed by
+    several siblings goes to the first in document order. The smallest range covering a child's
+    words may hold a sibling's word (the alignment interleaves them); then the child keeps the run
+    of its words between two such foreign words that holds most of them (the first on a tie), and
+    its other words stay outside it. Its interval starts and ends on its own words and holds no
+    sibling's, so two intervals can never overlap. Bergamot instead repeats a tag around every
+    run; here each tag must appear exactly once.
+    """
+    owner: dict[int, int] = {}
+    for child in parent.children:
+        if isinstance(child, Element):
+            for s in target.words_of(child):
+                for t in target.links[s]:
+                    if lo <= t < hi:
+                        owner.setdefault(t, child.order)
+    intervals = {}
+    for order in sorted(set(owner.values())):
+        runs: list[list[int]] = [[]]
+        for t in range(lo, hi):
+            if owner.get(t) == order:
+                runs[-1].append(t)
+            elif t in owner and runs[-1]:
+                runs.append([])
+        best = max(runs, key=len)  # max keeps the first of equally long runs
+        intervals[order] = (best[0], best[-1] + 1)
+    return intervals
+
+
+def _point(target: _Target, node: Element | Marker, lo: int, hi: int, char_end: int) -> tuple[int, int]:
+    """Where a marker, or an element with no target words, goes: (word boundary, character offset).
+
+    Before the target word aligned to the next source word that has a link into [lo, hi), else
+    after the one aligned to the previous such word, else at the end of the parent. As many spaces
+    as separated it from that word in the source stay between them, if the target has them (so
+    an identity translation gives the input back).
+    """
+    start, end = (node.start, node.end) if isinstance(node, Element) else (node.offset, node.offset)
+    own = set(target.words_of(node)) if isinstance(node, Element) else set()
+    text = target.marked.text
+
+    def inside(s: int) -> list[int]:
+        return [t for t in target.links[s] if lo <= t < hi]
+
+    # A word the marker sits inside (a comment in "foo<!---->bar") counts as the next word.
+    following = [s for s, (_, word_end) in enumerate(target.src_words) if word_end > end and s not in own]
+    for s in following:
+        if targets := inside(s):
+            t = targets[0]
+            gap = text[end : target.src_words[s][0]]
+            spaces = len(gap) if s == following[0] and gap.strip(" ") == "" else 0
+            return t, max(target.tgt_words[t][0] - spaces, target.prev_end(t))
+    preceding = [s for s, (_, word_end) in enumerate(target.src_words) if word_end <= start and s not in own]
+    for s in reversed(preceding):
+        if targets := inside(s):
+            t = targets[-1]
+            gap = text[target.src_words[s][1] : start]
+            spaces = len(gap) if s == preceding[-1] and gap.strip(" ") == "" else 0
+            return t + 1, min(target.tgt_words[t][1] + spaces, target.next_start(t + 1))
+    return hi, char_end
+
+
+def _outside_siblings(
+    target: _Target, boundary: int, offset: int, intervals: dict[int, tuple[int, int]]
+) -> tuple[int, int]:
+    """A point strictly inside a sibling's interval moves to the interval's nearer edge (its start
+    on a tie), since siblings must not overlap; returns (word boundary, character offset)."""
+    for first, last in intervals.values():
+        if first < boundary < last:
+            if boundary - first <= last - boundary:
+                return first, target.tgt_words[first][0]
+            return last, target.tgt_words[last - 1][1]
+    return boundary, offset
+
+
+def _edge_spaces(target: _Target, element: Element) -> tuple[int, int]:
+    """Spaces inside the element's span before its first word and after its last, in the source:
+    the target keeps as many as it has there (so an identity translation gives the input back)."""
+    words = target.words_of(element)
+    first_start = target.src_words[words[0]][0]
+    last_end = target.src_words[words[-1]][1]
+    return max(first_start - element.start, 0), max(element.end - last_end, 0)
