@@ -73,6 +73,11 @@ def translate(
     align_layer: Optional[int] = align_layer_option(),
     align_head: Optional[str] = align_head_option(),
     align_shift: Optional[bool] = align_shift_option(),
+    constraints: bool = typer.Option(False, "--constraints", help="Each input line is the source, then TAB-separated target phrases every translation must contain (fairseq's format)."),
+    glossary: Optional[str] = typer.Option(None, "--glossary", help="A TSV file of `source term<TAB>target term`: each source occurrence of a term requires its target term (whole words; lower-case terms match any case)."),
+    markup: Optional[str] = typer.Option(None, "--markup", help="html or xml: take inline tags out, translate, and put them back around the aligned target words."),
+    split_sentences: bool = typer.Option(False, "--split-sentences", help="Translate each line sentence by sentence (sentencex, the `sentences` extra) and rejoin them on one line."),
+    source_lang: str = typer.Option("en", "--source-lang", help="With --split-sentences: the source language code the sentence splitter uses."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
@@ -100,7 +105,10 @@ def translate(
         open_output,
         thread_stdin,
     )
+    from tfm_cli.inference.glossary import Glossary
+    from tfm_cli.inference.sentence_splitting import SentenceSplitter
     from tfm_cli.inference.settings import resolve_alignment
+    from tfm_cli.inference.text_preparation import MARKUP_MODES, TextOptions
     from tfm_cli.inference.translation import (
         BatchingConfig,
         OutputFormat,
@@ -120,7 +128,15 @@ def translate(
     )
     resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
-    want_alignment = alignment or as_json
+    if markup is not None and markup not in MARKUP_MODES:
+        raise TfmError(f"--markup must be one of {', '.join(MARKUP_MODES)}, got {markup!r}")
+    text_options = TextOptions(
+        constraint_fields=constraints,
+        glossary=Glossary.load(glossary) if glossary is not None else None,
+        markup=markup,
+        splitter=SentenceSplitter(source_lang) if split_sentences else None,
+    )
+    want_alignment = alignment or as_json or markup is not None
     align_head_index = parse_head(align_head, "--align-head") if align_head is not None else None
     from tfm_cli.devices import resolve_device
 
@@ -140,7 +156,7 @@ def translate(
         shown = [key for key in DECODE_DEFAULT_KEYS if key in flags or key in loaded.decode_defaults]
         used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
         print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
-    translator = Translator(loaded, decode, batching, align, source_prefix=prefix)
+    translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options)
     output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty)
 
     if input == "-" and sys.stdin is None:
@@ -152,8 +168,9 @@ def translate(
     if input == "-" and sys.stdin.isatty():
         # Without this a person who forgot `-i` or a pipe sees nothing happen.
         print_info("reading source lines from stdin (Ctrl-D to end)", quiet=quiet)
+    warned = LineWarnings()
     with open_output(output) as out:
-        chunks = translate_stream(translator, lines, stats)
+        chunks = warned.passing(translate_stream(translator, lines, stats))
         if not show_progress:
             write_chunks(out, chunks, output_format)
         else:
@@ -179,6 +196,7 @@ def translate(
             f"{stats.unencodable_lines} non-blank line(s) had no characters the model's tokenizer keeps; "
             "their output lines are empty"
         )
+    warned.summarise()
     if stats.truncated_lines:
         print_warning(
             f"{stats.truncated_lines} line(s) exceeded the model's {loaded.config.max_positions - 1} source tokens "
@@ -199,3 +217,28 @@ def write_chunks(out, chunks, output_format) -> None:
     for chunk in chunks:
         out.write("".join(format_line(line, output_format) + "\n" for line in chunk))
         out.flush()
+
+
+class LineWarnings:
+    """Prints each line's warnings on stderr as its chunk passes, the first MAX_SHOWN lines in full."""
+
+    MAX_SHOWN = 20
+
+    def __init__(self) -> None:
+        self.lines_warned = 0
+
+    def passing(self, chunks):
+        """Yield the chunks unchanged, printing their lines' warnings first."""
+        for chunk in chunks:
+            for line in chunk:
+                if line.warnings:
+                    self.lines_warned += 1
+                    if self.lines_warned <= self.MAX_SHOWN:
+                        for warning in line.warnings:
+                            print_warning(f"line {line.index + 1}: {warning}")
+            yield chunk
+
+    def summarise(self) -> None:
+        """Say how many lines' warnings were not shown."""
+        if self.lines_warned > self.MAX_SHOWN:
+            print_warning(f"{self.lines_warned - self.MAX_SHOWN} more line(s) had warnings (the first {self.MAX_SHOWN} are shown above)")

@@ -26,14 +26,19 @@ from tfm_cli.inference.alignment import (
     word_spans,
 )
 from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.inference.constraints import phrases_met
+from tfm_cli.inference.outputs import Output, TranslatedLine
+from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.config import AlignmentConfig, DecodeConfig
-from tfm_cli.inference.decoding import TransformerDecoder, padded_length, source_batch
+from tfm_cli.inference.decoding import TransformerDecoder, max_output_lengths, padded_length, source_batch
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
 from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
 
+# How a warning about a truncated line ends when the line was not split into sentences.
+LONG_LINE_HINT = " (--split-sentences translates a line sentence by sentence)"
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
 
@@ -51,31 +56,6 @@ class BatchingConfig:
         for name in ("buffer_size", "max_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-
-
-@dataclass
-class Output:
-    """One translation of one line, ready to print."""
-
-    text: str
-    ids: list[int]  # output token ids, EOS excluded
-    pieces: list[str]
-    raw_score: float  # sum of token log-probs, EOS included
-    score: float  # raw_score normalised by the decoding's length penalty rule at len(pieces) + 1
-    finished: bool  # False if EOS was forced at the length limit
-    alignment: list[tuple[int, int]] | None = None  # word-level (src, tgt) pairs
-    words: list[tuple[int, int]] | None = None  # character offsets [start, end) of each output word
-
-
-@dataclass
-class TranslatedLine:
-    """The answer for one input line: no outputs for an empty line, else n-best, best first."""
-
-    index: int  # 0-based position in the input
-    source: str
-    outputs: list[Output] = field(default_factory=list)
-    truncated: bool = False
-    src_words: list[tuple[int, int]] | None = None  # character offsets of the source words (with alignment)
 
 
 @dataclass
@@ -116,6 +96,7 @@ class Translator:
         batching: BatchingConfig,
         alignment: AlignmentConfig | None = None,
         source_prefix: tuple[int, ...] = (),
+        text: TextOptions = TextOptions(),
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -124,6 +105,19 @@ class Translator:
         self.batching = batching
         self.alignment = alignment
         self.source_prefix = list(source_prefix)
+        self.text = text
+        self.constrained = text.constraint_fields or text.glossary is not None
+        if self.constrained and decode.sample:
+            raise TfmError("constraints (--constraints, --glossary) need beam search or greedy decoding, not --sample")
+        if text.splitter is not None and decode.nbest > 1:
+            raise TfmError("--split-sentences gives one translation per line: use it without --nbest")
+        if text.splitter is not None and text.constraint_fields:
+            raise TfmError(
+                "--constraints belong to a whole line, which --split-sentences cuts into sentences: "
+                "use --glossary, whose terms are found in each sentence"
+            )
+        if text.markup is not None and alignment is None:
+            raise TfmError("--markup puts tags back through word alignments: the Translator needs an AlignmentConfig")
         self.device = next(self.model.parameters()).device
         if alignment is not None:
             alignment.check(self.model.config.n_dec_layers, self.model.config.n_heads)
@@ -131,42 +125,107 @@ class Translator:
         self.max_src_ids = self.model.config.max_positions - 1 - len(self.source_prefix)
 
     def translate_chunk(self, lines: list[str], first_index: int, stats: TranslationStats) -> list[TranslatedLine]:
-        """Translate `lines` (line `first_index` onwards); returns one TranslatedLine per line, in order."""
-        results = [TranslatedLine(index=first_index + i, source=line) for i, line in enumerate(lines)]
-        texts = [line for line in lines if line.strip()]
-        encoded = iter(self.loaded.src_tokenizer.encode_ids_batch(texts)) if texts else iter(())
-        sources: dict[int, list[int]] = {}
-        for i, line in enumerate(lines):
+        """Translate `lines` (line `first_index` onwards); returns one TranslatedLine per line, in order.
+
+        Each line is taken apart by text_preparation (constraint fields, markup, sentences, glossary
+        terms); all segments of the chunk are translated together, then put back together per line.
+        """
+        prepared = [prepare_line(line, self.text) for line in lines]
+        owners = [i for i, line in enumerate(prepared) for _ in line.segments]  # the line of each segment
+        answers = self.translate_segments(
+            [segment.text for line in prepared for segment in line.segments],
+            [segment.phrases for line in prepared for segment in line.segments],
+            [first_index + i for i in owners],  # a line's sampling seed does not depend on its chunk
+            stats,
+        )
+        per_line: list[list[TranslatedLine]] = [[] for _ in lines]
+        for owner, answer in zip(owners, answers):
+            per_line[owner].append(answer)
+        results = []
+        for i, (line, line_answers) in enumerate(zip(prepared, per_line)):
             stats.lines += 1
-            if not line.strip():
+            if not line.segments:
                 stats.empty_lines += 1
-                continue
-            ids = next(encoded)
+            result = assemble_line(first_index + i, line, line_answers, self.length_penalty)
+            stats.truncated_lines += result.truncated
+            results.append(result)
+        return results
+
+    def translate_segments(
+        self, texts: list[str], phrases: list[list[str]], seed_indices: list[int], stats: TranslationStats
+    ) -> list[TranslatedLine]:
+        """Translate each text (non-blank) with its required target phrases; one TranslatedLine each, in order.
+
+        seed_indices: per text, the line number its samples are drawn for (decode.seed + that).
+        """
+        results = [TranslatedLine(index=i, source=text) for i, text in enumerate(texts)]
+        encoded = self.loaded.src_tokenizer.encode_ids_batch(texts) if texts else []
+        sources: dict[int, list[int]] = {}
+        constraints: dict[int, list[list[int]]] = {}
+        for i, ids in enumerate(encoded):
             if len(ids) > self.max_src_ids:
+                results[i].warnings.append(
+                    f"its {len(ids)} source tokens exceed the model's {self.max_src_ids}; only the first "
+                    f"{self.max_src_ids} were translated{LONG_LINE_HINT if not self.text.splitter else ''}"
+                )
                 ids = ids[: self.max_src_ids]
                 results[i].truncated = True
-                stats.truncated_lines += 1
-            if ids:
-                sources[i] = self.source_prefix + ids
-            else:
+            if not ids:
                 stats.unencodable_lines += 1
-        for batch, hypotheses in search_batches(self.model, sources, self.decode, self.batching, first_index):
+                continue
+            sources[i] = self.source_prefix + ids
+            if self.constrained:
+                results[i].constraints = phrases[i]
+                constraints[i] = self.encode_phrases(phrases[i], len(sources[i]) + 1, results[i].warnings)
+        searched = search_batches(
+            self.model, sources, self.decode, self.batching, constraints=constraints if self.constrained else None,
+            seeds={i: self.decode.seed + seed_indices[i] for i in sources},
+        )
+        for batch, hypotheses in searched:
             for i, hyps in zip(batch, hypotheses):
                 if not hyps:
                     # Every candidate of every step had a non-finite score: no model works that way.
                     raise TfmError(
-                        f"line {first_index + i + 1}: the model gave no translation with a finite score "
+                        f"line {seed_indices[i] + 1}: the model gave no translation with a finite score "
                         "(its outputs are inf/nan; the checkpoint's weights may be damaged)"
                     )
-                results[i].outputs = [self.render(h) for h in hyps]
+                results[i].outputs = [self.render(h, constraints.get(i)) for h in hyps]
                 stats.src_tokens += len(sources[i]) + 1
                 stats.output_tokens += len(hyps[0].tokens) + 1
             if self.alignment is not None:
                 self.align(batch, sources, results)
         return results
 
-    def render(self, hypothesis: Hypothesis) -> Output:
-        """Detokenize one hypothesis and attach its normalised score."""
+    def encode_phrases(self, phrases: list[str], src_length: int, warnings: list[str]) -> list[list[int]]:
+        """The target token ids of each phrase ([] for one that cannot be met), noting why in `warnings`.
+
+        A phrase with characters the target vocabulary lacks can never be produced; phrases whose
+        tokens together exceed the output length limit of this source (src_length tokens, EOS
+        included) cannot all be: they are all dropped, and the line is translated without them.
+        """
+        tokenizer = self.loaded.tgt_tokenizer
+        encoded = []
+        for phrase in phrases:
+            ids = tokenizer.encode_ids(phrase)
+            if self.loaded.config.unk_id in ids or (self.decode.no_unk and not ids):
+                warnings.append(f"constraint {phrase!r} has characters the model's vocabulary lacks; it was not used")
+                ids = []
+            encoded.append(ids)
+        limit = int(max_output_lengths(
+            torch.tensor([src_length]), self.decode.max_len_a, self.decode.max_len_b,
+            self.model.config.max_positions - 2,
+        )[0])
+        needed = sum(len(ids) for ids in encoded)
+        if needed > limit:
+            warnings.append(
+                f"its constraints need {needed} target tokens but the length limit allows {limit} "
+                "(--max-len-a/--max-len-b); translated without them"
+            )
+            return [[] for _ in encoded]
+        return encoded
+
+    def render(self, hypothesis: Hypothesis, phrases: list[list[int]] | None = None) -> Output:
+        """Detokenize one hypothesis and attach its normalised score (and which of `phrases` it holds)."""
         tokenizer = self.loaded.tgt_tokenizer
         return Output(
             # A model can emit a newline or TAB (byte-fallback pieces such as <0x0A>): they become
@@ -177,6 +236,7 @@ class Translator:
             raw_score=hypothesis.score,
             score=hypothesis.normalised_score(self.length_penalty),
             finished=hypothesis.finished,
+            constraints_met=phrases_met(hypothesis.tokens, phrases) if phrases is not None else None,
         )
 
     @torch.inference_mode()
@@ -232,20 +292,25 @@ def search_batches(
     decode: DecodeConfig,
     batching: BatchingConfig,
     first_index: int = 0,
+    constraints: dict[int, list[list[int]]] | None = None,
+    seeds: dict[int, int] | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
 
     Yields (line indices of a batch, n-best hypotheses per line). Sampling draws line i's samples
-    from seed decode.seed + first_index + i, so they depend on the line, not on its batch or chunk.
+    from seeds[i], by default decode.seed + first_index + i, so they depend on the line, not on its
+    batch or chunk. constraints: per line, target phrases (token ids) its outputs must hold.
     """
     device = next(model.parameters()).device
     for batch in bucketed_batches(sources, batching):
         decoder = TransformerDecoder(model, source_batch([sources[i] for i in batch], model.config, device))
         with torch.inference_mode():
             if decode.sample:
-                hypotheses = search_samples(decoder, decode, [decode.seed + first_index + i for i in batch])
+                batch_seeds = [seeds[i] if seeds else decode.seed + first_index + i for i in batch]
+                hypotheses = search_samples(decoder, decode, batch_seeds)
             else:
-                hypotheses = search_beams(decoder, decode)
+                phrases = [constraints.get(i, []) for i in batch] if constraints else None
+                hypotheses = search_beams(decoder, decode, phrases)
         yield batch, hypotheses
 
 
@@ -304,6 +369,10 @@ def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
         if output.alignment is not None:
             hypothesis["alignment"] = pharaoh(output.alignment)
             hypothesis["target_words"] = [list(span) for span in output.words or []]
+        if output.plain_text is not None:
+            hypothesis["plain_translation"] = output.plain_text
+        if output.constraints_met is not None:
+            hypothesis["constraints_met"] = output.constraints_met
         hypotheses.append(hypothesis)
     best = hypotheses[0] if hypotheses else None
     record = {
@@ -321,5 +390,13 @@ def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
         record["alignment"] = best.get("alignment", "") if best else ""
         record["source_words"] = [list(span) for span in line.src_words or []]
         record["target_words"] = best.get("target_words", []) if best else []
+    if line.plain_source is not None:  # --markup: alignments and word offsets refer to the text without tags
+        record["plain_source"] = line.plain_source
+        record["plain_translation"] = best.get("plain_translation", "") if best else ""
+    if line.constraints is not None:
+        met = best.get("constraints_met") if best else None
+        record["constraints"] = [
+            {"phrase": phrase, "met": bool(met[k]) if met else False} for k, phrase in enumerate(line.constraints)
+        ]
     record["nbest"] = hypotheses
     return record
