@@ -105,6 +105,10 @@ def assemble_line(
     if constrained:
         line.constraints = [phrase for answer in constrained for phrase in answer.constraints]
     if not answers:
+        if prepared.marked is not None and prepared.source.strip():
+            # Tags around no text (`<b></b>`, a lone comment): nothing to translate, the tags stay.
+            text = restore_markup(prepared.marked, "", [])
+            line.outputs = [Output(text=text, ids=[], pieces=[], raw_score=0.0, score=0.0, finished=True, plain_text="")]
         return line
     if not split and prepared.marked is None:
         only = answers[0]
