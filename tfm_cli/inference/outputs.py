@@ -20,6 +20,8 @@ class Output:
     words: list[tuple[int, int]] | None = None  # character offsets [start, end) of each output word
     constraints_met: list[bool] | None = None  # per constraint of the line, whether this output holds it
     plain_text: str | None = None  # with --markup: the translation before its tags were put back
+    # With --markup: `alignment` plus each source word's best target word (the links tags follow).
+    markup_links: list[tuple[int, int]] | None = None
 
 
 @dataclass

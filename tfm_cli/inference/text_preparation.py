@@ -148,19 +148,25 @@ def joined_output(prepared: PreparedLine, answers: list[TranslatedLine], k: int,
             phrases = answer.constraints or []
             output.constraints_met += o.constraints_met if o is not None and o.constraints_met else [False] * len(phrases)
     if all(o is None or o.alignment is not None for o in chosen):
-        src_offsets = word_offsets(prepared.text, prepared.spans)
-        tgt_offset, pairs = 0, []
-        for src_offset, o in zip(src_offsets, chosen):
-            if o is not None:
-                pairs += [(src + src_offset, tgt + tgt_offset) for src, tgt in o.alignment]
-                tgt_offset += len(word_char_offsets(o.text))
-        output.alignment = pairs
+        output.alignment = shifted_links(prepared, chosen, "alignment")
         output.words = word_char_offsets(text)
     if prepared.marked is not None:
         # Alignment words come from the output pieces; a text that a byte-fallback newline split
         # further could have more: links past either side's words are left out.
         n_src, n_tgt = len(word_char_offsets(prepared.text)), len(word_char_offsets(text))
-        links = [(src, tgt) for src, tgt in output.alignment or [] if src < n_src and tgt < n_tgt]
+        all_links = shifted_links(prepared, chosen, "markup_links")
+        links = [(src, tgt) for src, tgt in all_links if src < n_src and tgt < n_tgt]
         output.plain_text = text
         output.text = restore_markup(prepared.marked, text, links)
     return output
+
+
+def shifted_links(prepared: PreparedLine, chosen: list[Output | None], kind: str) -> list[tuple[int, int]]:
+    """The segments' word links (`kind`: "alignment" or "markup_links") at whole-line word positions:
+    each segment's shifted by the words of the line and of the joined translation before it."""
+    tgt_offset, pairs = 0, []
+    for src_offset, output in zip(word_offsets(prepared.text, prepared.spans), chosen):
+        if output is not None:
+            pairs += [(src + src_offset, tgt + tgt_offset) for src, tgt in getattr(output, kind) or []]
+            tgt_offset += len(word_char_offsets(output.text))
+    return pairs

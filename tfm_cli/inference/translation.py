@@ -22,6 +22,7 @@ from tfm_cli.inference.alignment import (
     hard_alignment,
     merge_to_words,
     pharaoh,
+    transpose_pairs,
     word_char_offsets,
     word_spans,
 )
@@ -269,6 +270,11 @@ class Translator:
             words = merge_to_words(matrix, word_spans(output.pieces), src_spans)
             output.alignment = hard_alignment(words)
             output.words = word_char_offsets(output.text)
+            if self.text.markup is not None:
+                # Tags also follow each source word to its best target word, so that an element
+                # around a word no target word chose still encloses a translation of it.
+                from_source = transpose_pairs(hard_alignment(words.T))
+                output.markup_links = sorted(set(output.alignment) | set(from_source), key=lambda p: (p[1], p[0]))
 
 
 def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
