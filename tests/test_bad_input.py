@@ -80,7 +80,16 @@ TEXT_MATRIX: dict[str, dict[str, Expect]] = {
                             nul_bytes=ok(2), crlf=ok(2), long_line=ok(1)),
     "translate": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
                       invalid_utf8=ok(2, "1 line(s) had invalid UTF-8"), nul_bytes=ok(2), crlf=ok(2),
-                      long_line=ok(1, "1 line(s) exceeded the model's 127 source tokens")),
+                      long_line=ok(1, "source tokens exceed the model's 127; only the first 127 were translated")),
+    # The same inputs with each way of taking lines apart: still one output line per input line.
+    **{
+        f"translate{'-'.join(['', *flags[0].strip('-').split()])}": dict(
+            missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
+            invalid_utf8=ok(2, "1 line(s) had invalid UTF-8"), nul_bytes=ok(2), crlf=ok(2),
+            long_line=ok(1, "source tokens exceed the model's 127; only the first 127 were translated"),
+        )
+        for flags in (["--split-sentences"], ["--markup html"], ["--constraints"])
+    },
     # The same file as hypotheses and reference (line counts match); output: one line per metric.
     "score-metrics": dict(missing=NO_FILE, directory=IS_DIR, empty=error("no hypotheses to score"),
                           blank_lines=ok(2), invalid_utf8=BAD_UTF8, nul_bytes=ok(2), crlf=ok(2), long_line=ok(2)),
@@ -98,6 +107,12 @@ def text_command(name: str, path: Path, output: Path, spm: Path, checkpoint: Pat
         "tokenize-encode": ["tokenize", "encode", "-m", spm, "-i", path, "-o", output],
         "tokenize-decode": ["tokenize", "decode", "-m", spm, "-i", path, "-o", output],
         "translate": ["translate", "-m", checkpoint, "-i", path, "-o", output, "-q", *DECODE_LIMITS],
+        "translate-split-sentences": ["translate", "-m", checkpoint, "-i", path, "-o", output, "-q", *DECODE_LIMITS,
+                                      "--split-sentences"],
+        "translate-markup-html": ["translate", "-m", checkpoint, "-i", path, "-o", output, "-q", *DECODE_LIMITS,
+                                  "--markup", "html"],
+        "translate-constraints": ["translate", "-m", checkpoint, "-i", path, "-o", output, "-q", *DECODE_LIMITS,
+                                  "--constraints"],
         # TER is left out: sacrebleu's TER takes minutes on the 100k-character line (tests/README.md).
         "score-metrics": ["score", "-r", path, "-i", path, "-o", output, "-q", "--metrics", "bleu,chrf"],
         "score-model": ["score", "-m", checkpoint, "--src", path, "--tgt", path, "-o", output, "-q", "--device", "cpu"],

@@ -196,12 +196,7 @@ def translate(
             f"{stats.unencodable_lines} non-blank line(s) had no characters the model's tokenizer keeps; "
             "their output lines are empty"
         )
-    warned.summarise()
-    if stats.truncated_lines:
-        print_warning(
-            f"{stats.truncated_lines} line(s) exceeded the model's {loaded.config.max_positions - 1} source tokens "
-            "and were truncated"
-        )
+    warned.summarise()  # truncated lines are among them, each named
     rate = stats.lines / elapsed if elapsed > 0 else 0.0
     print_info(
         f"translated {stats.lines} lines ({stats.empty_lines} empty) in {elapsed:.1f} s: {rate:.1f} lines/s, "
