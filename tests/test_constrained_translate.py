@@ -128,3 +128,13 @@ def test_constraints_refuse_sampling_and_a_split_line(model_path):
         Translator(load_model(model_path), DecodeConfig(sample=True), BatchingConfig(), text=TextOptions(constraint_fields=True))
     result = run_cli(["translate", "-m", model_path, "--constraints", "--split-sentences"], input="a\n")
     assert result.exit_code == 1 and "use --glossary" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bf16"])
+def test_constraints_hold_in_every_precision(model_path, constrained_lines, dtype):
+    lines = constrained_lines[:8]
+    result = run_cli(["translate", "-m", model_path, "--constraints", "--dtype", dtype, "-b", "3", "--json"], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(row) for row in result.stdout.splitlines()]
+    assert len(records) == len(lines)
+    assert all(c["met"] for record in records for c in record["constraints"])
