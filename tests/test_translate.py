@@ -131,7 +131,7 @@ def test_invalid_utf8_and_overlong_lines_are_repaired_and_counted(model_path):
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 3
     assert "1 line(s) had invalid UTF-8" in result.stderr
-    assert "1 line(s) exceeded" in result.stderr and "truncated" in result.stderr
+    assert "line 2: its" in result.stderr and "source tokens exceed the model's 127" in result.stderr
 
 
 def test_a_file_that_is_not_a_checkpoint_is_one_clear_error(tmp_path):
