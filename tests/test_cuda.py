@@ -69,6 +69,25 @@ def test_greedy_and_beam_search_on_cuda_match_the_cpu():
         assert a.score == pytest.approx(b.score, abs=1e-3)
 
 
+def test_constrained_beam_search_on_cuda_meets_every_phrase_as_on_the_cpu():
+    from tfm_cli.inference.decoding import TransformerDecoder
+    from tfm_cli.inference.search import search_beams
+
+    cpu, gpu = model_pair(tgt_vocab_size=40, src_vocab_size=40)
+    generator = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 40, (6, 8), generator=generator)
+    src[:, -1] = 3  # EOS
+    phrases = [[[5, 6]], [[7], [8]], [], [[9, 10, 11]], [[12]], [[12], [12]]]
+    config = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=4)
+    with torch.inference_mode():
+        on_cpu = search_beams(TransformerDecoder(cpu, src), config, phrases)
+        on_gpu = search_beams(TransformerDecoder(gpu, src.cuda()), config, phrases)
+    for cpu_best, gpu_best in zip(on_cpu, on_gpu):
+        assert cpu_best[0].unmet == gpu_best[0].unmet == 0
+    same = sum(a[0].tokens == b[0].tokens for a, b in zip(on_cpu, on_gpu))
+    assert same >= 4, [(a[0].tokens, b[0].tokens) for a, b in zip(on_cpu, on_gpu)]
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_on_cuda_learns_and_loads_on_the_cpu(tmp_path, letters, precision):
     run = tmp_path / "run"
