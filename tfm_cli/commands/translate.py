@@ -108,7 +108,8 @@ def translate(
     from tfm_cli.inference.glossary import Glossary
     from tfm_cli.inference.sentence_splitting import SentenceSplitter
     from tfm_cli.inference.settings import resolve_alignment
-    from tfm_cli.inference.text_preparation import MARKUP_MODES, TextOptions
+    from tfm_cli.inference.markup import MARKUP_MODES
+    from tfm_cli.inference.text_preparation import TextOptions
     from tfm_cli.inference.translation import (
         BatchingConfig,
         OutputFormat,

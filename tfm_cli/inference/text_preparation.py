@@ -20,9 +20,6 @@ from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.sentence_splitting import SentenceSplitter, join_sentences, word_offsets
 from tfm_cli.length_penalty import LengthPenalty
 
-MARKUP_MODES = ("html", "xml")
-
-
 @dataclass(frozen=True)
 class TextOptions:
     """How input lines are read: constraint fields, glossary, markup, sentence splitting."""
@@ -31,11 +28,6 @@ class TextOptions:
     glossary: Glossary | None = None
     markup: str | None = None  # "html" or "xml"
     splitter: SentenceSplitter | None = None
-
-    @property
-    def plain(self) -> bool:
-        """True when every line is translated as it is (one segment, nothing to put back)."""
-        return not self.constraint_fields and self.glossary is None and self.markup is None and self.splitter is None
 
 
 @dataclass

@@ -66,7 +66,6 @@ class TranslationStats:
     lines: int = 0
     empty_lines: int = 0  # blank input lines (an empty output line each)
     unencodable_lines: int = 0  # non-blank lines the tokenizer turned into no tokens (empty output too)
-    truncated_lines: int = 0
     src_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0  # time spent translating chunks; waits for input are not counted
@@ -147,9 +146,7 @@ class Translator:
             stats.lines += 1
             if not line.segments:
                 stats.empty_lines += 1
-            result = assemble_line(first_index + i, line, line_answers, self.length_penalty)
-            stats.truncated_lines += result.truncated
-            results.append(result)
+            results.append(assemble_line(first_index + i, line, line_answers, self.length_penalty))
         return results
 
     def translate_segments(
@@ -208,7 +205,7 @@ class Translator:
         encoded = []
         for phrase in phrases:
             ids = tokenizer.encode_ids(phrase)
-            if self.loaded.config.unk_id in ids or (self.decode.no_unk and not ids):
+            if not ids or self.loaded.config.unk_id in ids:
                 warnings.append(f"constraint {phrase!r} has characters the model's vocabulary lacks; it was not used")
                 ids = []
             encoded.append(ids)
