@@ -8,6 +8,7 @@ import torch
 from tfm_cli.inference.alignment import (
     hard_alignment,
     merge_to_words,
+    null_weights,
     parse_pharaoh,
     pharaoh,
     transpose_pairs,
@@ -111,6 +112,26 @@ def test_hard_alignment_and_pharaoh_on_a_hand_built_matrix():
     assert parse_pharaoh("0-0 2-1 0-2 1-3") == pairs
     assert hard_alignment(torch.zeros(0, 3)) == [] and hard_alignment(torch.zeros(2, 0)) == []
     assert pharaoh([]) == ""
+
+
+def test_a_word_whose_eos_weight_beats_every_source_word_is_left_unaligned():
+    # Pieces: target words "x" (piece 0) and "yz" (pieces 1-2); source words "a" (piece 0), "b"
+    # (piece 1), then the source's EOS (column 2).
+    pieces = torch.tensor(
+        [
+            [0.6, 0.1, 0.3],
+            [0.1, 0.2, 0.7],
+            [0.3, 0.2, 0.5],
+        ]
+    )
+    tgt_spans, src_spans = [(0, 1), (1, 3)], [(0, 1), (1, 2)]
+    words = merge_to_words(pieces, tgt_spans, src_spans)  # EOS is in no span: ignored
+    null = null_weights(pieces, tgt_spans, eos_column=2)
+    torch.testing.assert_close(null, torch.tensor([0.3, 0.6]))  # "yz": the mean of 0.7 and 0.5
+    assert hard_alignment(words, null) == [(0, 0)]  # "yz": EOS 0.6 beats a 0.2 and b 0.2
+    assert hard_alignment(words) == [(0, 0), (0, 1)]
+    # A tie keeps the link: only an EOS weight larger than the best source word's removes it.
+    assert hard_alignment(torch.tensor([[0.4, 0.2]]), torch.tensor([0.4])) == [(0, 0)]
 
 
 def test_intersection_of_two_directions():

@@ -98,3 +98,31 @@ def test_bad_stored_settings_are_one_clear_error(random_checkpoint, tmp_path, se
     result = run_cli(["translate", "-m", stored, "--alignment"], input="the dog\n")
     assert result.exit_code == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_stored_null_and_full_context_settings_give_the_same_links_in_translate_inspect_and_align(random_checkpoint, tmp_path):
+    settings = {"layer": 0, "head": 1, "shift": True, "null": True, "full_context": True}
+    stored = with_alignment(random_checkpoint, tmp_path, settings)
+    assert load_model(stored).alignment == AlignmentConfig(**settings)
+    translated = run_cli(["translate", "-m", stored, "--alignment", "--beam", "1"], input="\n".join(SENTENCES) + "\n")
+    assert translated.exit_code == 0, translated.stderr
+    outputs = [line.split("\t") for line in translated.stdout.splitlines()]
+    pairs = "".join(f"{source} ||| {translation}\n" for source, (translation, _) in zip(SENTENCES, outputs))
+    aligned = run_cli(["align", "-m", stored], input=pairs)
+    assert aligned.exit_code == 0, aligned.stderr
+    assert aligned.stdout.splitlines() == [links for _, links in outputs]
+    # The full-context pass is really taken: its link probabilities differ from the causal pass's.
+    (tmp_path / "causal").mkdir()
+    causal_model = with_alignment(random_checkpoint, tmp_path / "causal", {**settings, "full_context": False})
+    longer = "the big dog sees a small cat ||| two cats see the dog\na cat ||| the big small dog sees\n"
+    answers = {}
+    for model in (stored, causal_model):
+        lines = run_cli(["align", "-m", model, "--json"], input=longer).stdout.splitlines()
+        answers[model] = [json.loads(line)["probabilities"] for line in lines]
+    assert len(answers[stored]) == 2 and answers[stored] != answers[causal_model]
+    for source, (translation, links) in zip(SENTENCES, outputs):
+        inspected = run_cli(
+            ["inspect-attention", "-m", stored, source, "--target", translation, "--words", "--format", "pharaoh"]
+        )
+        assert inspected.exit_code == 0, inspected.stderr
+        assert inspected.stdout.strip() == links

@@ -95,6 +95,29 @@ def test_the_reference_spreads_each_target_row_over_its_linked_source_subwords()
 
 
 @pytest.mark.unit
+def test_shifted_references_move_down_a_row_and_unlinked_words_learn_the_source_eos():
+    vocabulary = PieceList(["\u2581a", "b", "\u2581c", "\u2581x", "y", "\u2581z"])  # ids 4..9
+    table = PieceTable.of(vocabulary)
+    src = torch.tensor([[4, 5, 6, EOS_ID]])  # words "ab", "c", then EOS
+    tgt_out = torch.tensor([[7, 8, 9, EOS_ID, 0]])  # words "xy", "z", then EOS and padding
+    links = [torch.tensor([[1, 1]])]  # c-z; "xy" has no link
+    reference, rows = reference_attention(src, tgt_out, links, table, table, SPECIAL, shift=False, null=True)
+    expected = torch.tensor([[
+        [0, 0, 0, 1],  # 'x' of the unlinked word xy: the source EOS
+        [0, 0, 0, 1],  # 'y': the same
+        [0, 0, 1, 0],  # 'z': c
+        [0, 0, 0, 0],  # EOS
+        [0, 0, 0, 0],  # padding
+    ]])
+    assert torch.equal(reference, expected) and rows == 3
+    shifted, shifted_rows = reference_attention(src, tgt_out, links, table, table, SPECIAL, shift=True, null=True)
+    # Row t + 1 reads token t: row 0 (reading BOS) learns nothing, row 3 (reading 'z') learns z's link.
+    assert torch.equal(shifted[0, 1:], expected[0, :-1]) and not shifted[0, 0].any() and shifted_rows == 3
+    plain, plain_rows = reference_attention(src, tgt_out, links, table, table, SPECIAL, shift=True, null=False)
+    assert torch.equal(plain[0, 3], expected[0, 2]) and plain[0, :3].sum() == 0 and plain_rows == 1
+
+
+@pytest.mark.unit
 def test_the_alignment_loss_is_the_cross_entropy_of_reference_and_attention():
     attention_map = torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.6, 0.3]]])  # (1, 2, 3)
     reference = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]]])
@@ -134,6 +157,48 @@ def test_the_loss_module_scores_one_head_of_one_layer_and_leaves_the_token_loss_
     expected = -(batch.alignment[rows] * torch.log(weights[rows] + 1e-6)).sum()
     assert alignment.item() == pytest.approx(expected.item(), rel=1e-5)
     assert batch.n_aligned_rows == 3
+
+
+@pytest.mark.unit
+def test_a_full_context_pass_lets_every_position_see_the_whole_target_and_ignores_padding():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(n_dec_layers=1)).eval()
+    src = torch.tensor([[5, 6, 7, EOS_ID]])
+    tgt_in = torch.tensor([[2, 10, 11, 12]])  # BOS + three tokens
+    with torch.no_grad():
+        encoded = model.encode(src)
+        causal = model.decode(tgt_in, encoded).hidden
+        full = model.decode(tgt_in, encoded, full_context=True).hidden
+        # The last position sees the whole target either way (one layer: nothing below differs).
+        torch.testing.assert_close(full[:, -1], causal[:, -1])
+        assert not torch.allclose(full[:, 0], causal[:, 0], atol=1e-4)
+        # A later token changes the earlier positions in full context only.
+        changed = torch.tensor([[2, 10, 11, 20]])
+        torch.testing.assert_close(model.decode(changed, encoded).hidden[:, :3], causal[:, :3])
+        assert not torch.allclose(model.decode(changed, encoded, full_context=True).hidden[:, :3], full[:, :3], atol=1e-4)
+        # Padding after the target is masked out.
+        padded = torch.tensor([[2, 10, 11, 12, 0, 0]])
+        torch.testing.assert_close(model.decode(padded, encoded, full_context=True).hidden[:, :4], full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.unit
+def test_a_full_context_guide_scores_the_full_context_pass_and_keeps_the_causal_token_loss():
+    model, batch = tiny_guided_batch()
+    guide = AlignmentConfig(layer=-1, head=1, full_context=True)
+    unguided = LossModule(model, 0.1)(batch.src, batch.tgt_in, batch.target_index, batch.targets)
+    loss, nll, alignment = LossModule(model, 0.1, guide)(
+        batch.src, batch.tgt_in, batch.target_index, batch.targets, batch.alignment
+    )
+    assert torch.allclose(loss, unguided[0], atol=1e-5) and torch.allclose(nll, unguided[1], atol=1e-5)
+    with torch.no_grad():
+        encoded = model.encode(batch.src)
+        weights = model.decode(batch.tgt_in, encoded, need_weights=True, full_context=True).cross_attention[-1][:, 1]
+        causal_weights = model.decode(batch.tgt_in, encoded, need_weights=True).cross_attention[-1][:, 1]
+    rows = batch.alignment > 0
+    expected = -(batch.alignment[rows] * torch.log(weights[rows] + 1e-6)).sum()
+    causal = -(batch.alignment[rows] * torch.log(causal_weights[rows] + 1e-6)).sum()
+    assert alignment.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert abs(alignment.item() - causal.item()) > 1e-4
 
 
 class GradientRecorder:
@@ -286,7 +351,7 @@ def head_accuracy(checkpoint: Path, alignment: AlignmentConfig) -> float:
     batch = collate(corpus, torch.arange(len(pairs)))
     table = PieceTable.of(tokenizer)
     reference, _ = reference_attention(batch.src, batch.tgt_out, [torch.tensor(p.alignment) for p in pairs],
-                                       table, table, SPECIAL)
+                                       table, table, SPECIAL, alignment.shift, alignment.null)
     model = loaded.model.eval()
     with torch.no_grad():
         decoded = model.decode(batch.tgt_in, model.encode(batch.src), attention_layer=alignment.layer)
@@ -303,12 +368,13 @@ def test_a_guided_run_aligns_better_on_its_head_and_records_it(tmp_path, synthet
     assert result.exit_code == 0, result.stderr
     assert "| align " in result.stderr and "guided alignment: " in result.stderr
     assert run_cli(train_args(synthetic, small_spm, plain, 60)).exit_code == 0
-    head = AlignmentConfig(layer=-1, head=0)
+    head = AlignmentConfig(layer=-1, head=0, shift=True, null=True)  # what a guided run trains by default
     guided_accuracy = head_accuracy(guided / "checkpoint_last.safetensors", head)
     plain_accuracy = head_accuracy(plain / "checkpoint_last.safetensors", head)
     # Measured at 60 updates: 0.42 guided against 0.15 unguided (chance is about 1 in 10 source subwords).
     assert guided_accuracy > plain_accuracy + 0.12, (guided_accuracy, plain_accuracy)
-    assert read_checkpoint(guided / "checkpoint_last.safetensors").alignment == {"layer": -1, "head": 0, "shift": False}
+    assert read_checkpoint(guided / "checkpoint_last.safetensors").alignment == {"layer": -1, "head": 0, "shift": True,
+                                                                                 "null": True, "full_context": False}
     assert read_checkpoint(plain / "checkpoint_last.safetensors").alignment == {}
 
 
@@ -318,10 +384,12 @@ def test_a_guided_fine_tune_from_an_init_checkpoint_records_its_head(tmp_path, s
     args = train_args(synthetic, small_spm, tmp_path / "tuned", 4, "--init", random_checkpoint,
                       "--set", "model.share_embeddings=false", "--set", f"data.train_alignment={align}",
                       "--set", "train.alignment_weight=0.1", "--set", "train.alignment_layer=0",
-                      "--set", "train.alignment_head=3")
+                      "--set", "train.alignment_head=3", "--set", "train.alignment_shift=false",
+                      "--set", "train.alignment_null=false", "--set", "train.alignment_full_context=true")
     result = run_cli(args)
     assert result.exit_code == 0, result.stderr
-    assert read_checkpoint(tmp_path / "tuned" / "checkpoint_last.safetensors").alignment == {"layer": 0, "head": 3, "shift": False}
+    assert read_checkpoint(tmp_path / "tuned" / "checkpoint_last.safetensors").alignment == {"layer": 0, "head": 3, "shift": False,
+                                                                                                   "null": False, "full_context": True}
 
 
 def test_a_guided_run_resumes_bit_identically(tmp_path, letters):

@@ -346,6 +346,18 @@ class TrainConfig:
     alignment_weight: float = 0.0
     alignment_layer: int = -1
     alignment_head: int = 0
+    # Which decoder row learns target word t's link: True, the row that reads t as its input (it has
+    # seen the word it aligns); False, the row that predicts t (Marian's). Recorded as the checkpoint's
+    # alignment shift.
+    alignment_shift: bool = True
+    # Target words without a link learn to attend to the source's EOS (a NULL word, as in the IBM
+    # models), and the checkpoint's alignment leaves a word unaligned when EOS outweighs every source
+    # word; False: such words have no reference and every word gets a link.
+    alignment_null: bool = True
+    # The supervised head reads a second decoder pass in which every target position sees the whole
+    # target (Garg et al.'s full-context alignment); the token loss keeps the causal pass. Costs that
+    # extra pass per guided update; recorded as the checkpoint's alignment full_context.
+    alignment_full_context: bool = False
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "train.seed")
@@ -455,6 +467,14 @@ class AlignmentConfig:
     # True: from the step that reads t as input and predicts t + 1 ("shift", Garg et al. 2019,
     # Chen et al. 2020): that step has seen t, which often makes its attention a better aligner.
     shift: bool = False
+    # True: a target word whose attention gives the source's EOS more weight than any source word is
+    # left unaligned (a guided head learns this for words without a counterpart); False: every target
+    # word is linked to its best source word.
+    null: bool = False
+    # True: the attention comes from a pass in which every target position sees the whole target
+    # (Garg et al. 2019's full context; a guided run with train.alignment_full_context learns it);
+    # False: from the causal pass that translation runs.
+    full_context: bool = False
 
     def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("alignment layer", "alignment head")) -> None:
         """Raise TfmError if the layer or head does not exist in a model of this size (`names`: how to call them)."""

@@ -10,6 +10,7 @@ import typer
 from tfm_cli.commands.options import (
     align_head_option,
     align_layer_option,
+    align_null_option,
     align_shift_option,
     apply_threads,
     device_option,
@@ -60,6 +61,7 @@ def align(
     align_layer: Optional[int] = align_layer_option("each model's"),
     align_head: Optional[str] = align_head_option("each model's"),
     align_shift: Optional[bool] = align_shift_option("each model's"),
+    align_null: Optional[bool] = align_null_option("each model's"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line: words, links and the word-level attention rows (schema tfm-align/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Pairs read and aligned at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
@@ -131,7 +133,7 @@ def align(
         if path is None:
             continue
         loaded = load_model(path, device=target_device, dtype=inference_dtype)
-        settings = resolve_alignment(loaded.alignment, align_layer, align_head is not None, head_index, align_shift)
+        settings = resolve_alignment(loaded.alignment, align_layer, align_head is not None, head_index, align_shift, align_null)
         settings.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
         aligners.append(WordAligner(loaded, settings, batching))
     aligner = PairAligner(aligners[0], aligners[1] if len(aligners) > 1 else None, symmetrize, keep_matrices=as_json)

@@ -56,6 +56,7 @@ def inspect_attention(
     layer: Optional[int] = typer.Option(None, "--layer", help="Layer index, 0-based; negative counts from the end (-1 = last). Default: cross-attention the model's alignment layer, else -1."),
     head: Optional[str] = typer.Option(None, "--head", help="A head index (0-based; negative counts from the end) or `mean` (the average over heads). Default: cross-attention the model's alignment head, else mean."),
     shift: Optional[bool] = typer.Option(None, "--shift/--no-shift", help="Cross-attention alignments: read target word t's link from the step that reads t (shift) instead of the one that predicts it. Default: the model's alignment setting."),
+    null: Optional[bool] = typer.Option(None, "--null/--no-null", help="Cross-attention alignments: leave a target word unaligned when </s> takes more of its attention than any source word. Default: the model's alignment setting."),
     words: bool = typer.Option(False, "--words", help="Merge pieces into words (sum over source pieces, mean over target pieces)."),
     output_format: str = typer.Option("heatmap", "--format", help="heatmap (terminal), pharaoh (alignment lines), json (one object per line) or csv (long format)."),
     reverse_model: Optional[str] = typer.Option(None, "--reverse-model", help="A target->source checkpoint: --format pharaoh then prints the intersection of both directions (word level)."),
@@ -110,8 +111,8 @@ def inspect_attention(
     if output_format == "pharaoh" and kind != "cross":
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     # Cross-attention shows what aligns: the model's alignment settings unless flags say otherwise.
-    chosen = resolve_alignment(loaded.alignment if kind == "cross" else AlignmentConfig(), layer, head is not None, head_index, shift)
-    reverse_alignment = resolve_alignment(reverse.alignment, layer, head is not None, head_index, shift) if reverse else None
+    chosen = resolve_alignment(loaded.alignment if kind == "cross" else AlignmentConfig(), layer, head is not None, head_index, shift, null)
+    reverse_alignment = resolve_alignment(reverse.alignment, layer, head is not None, head_index, shift, null) if reverse else None
     layer, head_index = chosen.layer, chosen.head
     head = "mean" if head_index is None else str(head_index)
     from tfm_cli.inference.inspection import example_view
@@ -128,7 +129,8 @@ def inspect_attention(
         count = 0
         for example in examples:
             count += 1
-            view = example_view(loaded, example, kind, layer, head_index, words, chosen.shift)
+            view = example_view(loaded, example, kind, layer, head_index, words, chosen.shift, chosen.null,
+                                chosen.full_context)
             if png is not None:  # before printing: a failed image write leaves no printed result
                 save_png(png, view, kind)
                 print_info(f"wrote {png}", quiet=quiet)

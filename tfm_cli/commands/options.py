@@ -61,6 +61,11 @@ def align_shift_option(whose: str = "the model's") -> Any:
     return typer.Option(None, "--align-shift/--no-align-shift", help=f"Read target word t's link from the step that reads t (shift) instead of the one that predicts it; default: {whose} (else no shift).")
 
 
+def align_null_option(whose: str = "the model's") -> Any:
+    """The --align-null/--no-align-null option (translate, align): None = the checkpoint's."""
+    return typer.Option(None, "--align-null/--no-align-null", help=f"Leave a target word unaligned when the source's EOS takes more of its attention than any source word; default: {whose} (else off).")
+
+
 def apply_threads(ctx: typer.Context, threads: int) -> None:
     """Run the current command with `threads` torch CPU threads (0 = leave torch's setting).
 

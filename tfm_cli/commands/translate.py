@@ -11,6 +11,7 @@ import typer
 from tfm_cli.commands.options import (
     align_head_option,
     align_layer_option,
+    align_null_option,
     align_shift_option,
     apply_threads,
     device_option,
@@ -73,6 +74,7 @@ def translate(
     align_layer: Optional[int] = align_layer_option(),
     align_head: Optional[str] = align_head_option(),
     align_shift: Optional[bool] = align_shift_option(),
+    align_null: Optional[bool] = align_null_option(),
     constraints: bool = typer.Option(False, "--constraints", help="Each input line is the source, then TAB-separated target phrases every translation must contain (fairseq's format)."),
     glossary: Optional[str] = typer.Option(None, "--glossary", help="A TSV file of `source term<TAB>target term`: each source occurrence of a term requires its target term (whole words; lower-case terms match any case)."),
     markup: Optional[str] = typer.Option(None, "--markup", help="html or xml: take inline tags out, translate, and put them back around the aligned target words."),
@@ -146,7 +148,7 @@ def translate(
     decode = resolve_decode(flags, loaded.decode_defaults)
     align = None
     if want_alignment:
-        align = resolve_alignment(loaded.alignment, align_layer, align_head is not None, align_head_index, align_shift)
+        align = resolve_alignment(loaded.alignment, align_layer, align_head is not None, align_head_index, align_shift, align_null)
         align.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
     prefix = ()
     if target_lang is not None:

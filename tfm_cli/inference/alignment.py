@@ -97,16 +97,25 @@ def piece_rows(attention: torch.Tensor, n_pieces: int, shift: bool) -> torch.Ten
     return attention[start : start + n_pieces]
 
 
-def hard_alignment(matrix: torch.Tensor) -> list[AlignmentPair]:
-    """Argmax per target row of `matrix` (T, S): one (src_index, tgt_index) pair per target row.
+def null_weights(matrix: torch.Tensor, tgt_spans: list[Span], eos_column: int) -> torch.Tensor:
+    """Each target word's weight on the source's EOS: piece-level (T_pieces, S_pieces) -> (T_words,),
+    the mean over the word's pieces of column `eos_column` (as merge_to_words averages rows)."""
+    return merge_to_words(matrix, tgt_spans, [(eos_column, eos_column + 1)])[:, 0]
+
+
+def hard_alignment(matrix: torch.Tensor, null: torch.Tensor | None = None) -> list[AlignmentPair]:
+    """Argmax per target row of `matrix` (T, S): one (src_index, tgt_index) pair per target row,
+    except that with `null` (T,), each row's weight on the source's EOS (null_weights), a row whose
+    EOS weight exceeds its best source weight is left unaligned (AlignmentConfig.null).
 
     Pairs come in target order; ties go to the first (leftmost) source position. An empty matrix
     (no target or no source positions) gives [].
     """
     if matrix.numel() == 0:
         return []
-    best = matrix.argmax(dim=1).tolist()  # (T,)
-    return [(src, tgt) for tgt, src in enumerate(best)]
+    best_weight, best = matrix.max(dim=1)  # (T,), (T,)
+    linked = [True] * matrix.size(0) if null is None else (best_weight >= null).tolist()
+    return [(src, tgt) for tgt, (src, keep) in enumerate(zip(best.tolist(), linked)) if keep]
 
 
 def transpose_pairs(pairs: list[AlignmentPair]) -> list[AlignmentPair]:

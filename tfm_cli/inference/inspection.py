@@ -43,14 +43,15 @@ class AttentionMaps:
 
 
 @torch.inference_mode()
-def attention_maps(model: Transformer, src_ids: list[int], tgt_ids: list[int]) -> AttentionMaps:
-    """Teacher-force `tgt_ids` (no BOS/EOS) after `src_ids` (no EOS) and collect all attention weights."""
+def attention_maps(model: Transformer, src_ids: list[int], tgt_ids: list[int], full_context: bool = False) -> AttentionMaps:
+    """Teacher-force `tgt_ids` (no BOS/EOS) after `src_ids` (no EOS) and collect all attention weights
+    (with `full_context`, of a decoder pass in which every position sees the whole target)."""
     config = model.config
     device = next(model.parameters()).device
     src = torch.tensor([src_ids + [config.eos_id]], device=device)  # (1, S)
     tgt_in = torch.tensor([[config.bos_id] + tgt_ids], device=device)  # (1, T)
     encoded = model.encode(src, need_weights=True)
-    decoded = model.decode(tgt_in, encoded, need_weights=True)
+    decoded = model.decode(tgt_in, encoded, need_weights=True, full_context=full_context)
     return AttentionMaps(
         encoder=[w[0].float().cpu() for w in encoded.self_attention],
         decoder=[w[0].float().cpu() for w in decoded.self_attention],
@@ -139,15 +140,19 @@ def attention_view(
     head: int | None,
     words: bool,
     shift: bool = False,
+    null: bool = False,
+    full_context: bool = False,
 ) -> AttentionView:
     """The `kind` attention of one layer (one head, or the mean for head None), pieces or words.
 
     For cross-attention the alignment takes, for each target row, the column with the largest
     weight; the last row and column are </s>, which never align (as fairseq's hard alignments).
-    With `shift`, each output piece's link is read from the next row (alignment.piece_rows); the
-    matrix shown stays the attention as computed.
+    With `shift`, each output piece's link is read from the next row (alignment.piece_rows); with
+    `null`, a row whose </s> column outweighs every other is left unaligned (AlignmentConfig.null);
+    with `full_context` the decoder pass lets every position see the whole target.
+    The matrix shown stays the attention as computed.
     """
-    matrix = select_matrix(attention_maps(model, src_ids, tgt_ids), kind, layer, head)
+    matrix = select_matrix(attention_maps(model, src_ids, tgt_ids, full_context), kind, layer, head)
     rows, columns = matrix_axes(kind, src_pieces, tgt_pieces)
     alignment = None
     if kind == "cross":
@@ -155,7 +160,7 @@ def attention_view(
         linked = torch.cat([piece_rows(matrix, matrix.size(0) - 1, shift), matrix[-1:]])
         if words:
             linked = to_words(linked, rows, columns)
-        alignment = hard_alignment(linked[:-1, :-1])
+        alignment = hard_alignment(linked[:-1, :-1], linked[:-1, -1] if null else None)
     if words:
         matrix, row_labels, column_labels = to_words(matrix, rows, columns), rows.word_labels, columns.word_labels
     else:
@@ -201,12 +206,13 @@ def make_example(loaded: LoadedModel, source: str, target: str | None, decode: D
 
 
 def example_view(
-    loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool, shift: bool = False
+    loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool, shift: bool = False,
+    null: bool = False, full_context: bool = False,
 ) -> AttentionView:
     """The AttentionView (see attention_view) of one example under `loaded`'s model."""
     return attention_view(
         loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words,
-        shift,
+        shift, null, full_context,
     )
 
 
@@ -225,7 +231,8 @@ def intersected_alignment(
         example.target, example.source, src_ids, tgt_ids,
         [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
     )
-    backward = example_view(reverse, swapped, "cross", alignment.layer, alignment.head, True, alignment.shift)
+    backward = example_view(reverse, swapped, "cross", alignment.layer, alignment.head, True, alignment.shift,
+                            alignment.null, alignment.full_context)
     n_src, n_tgt = len(backward.rows) - 1, len(backward.columns) - 1
     if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
         raise TfmError(

@@ -40,11 +40,12 @@ def resolve_decode(given: dict[str, Any], model_defaults: dict[str, Any]) -> Dec
 
 
 def resolve_alignment(
-    model_alignment: AlignmentConfig, layer: int | None, head_given: bool, head: int | None, shift: bool | None
+    model_alignment: AlignmentConfig, layer: int | None, head_given: bool, head: int | None, shift: bool | None,
+    null: bool | None = None,
 ) -> AlignmentConfig:
     """The alignment settings to use: each option the user gave over the model's (AlignmentConfig).
 
-    `layer` and `shift` are None when not given; `head` counts only when `head_given` (None is then
+    `layer`, `shift` and `null` are None when not given; `head` counts only when `head_given` (None is then
     a request for the mean over heads).
     """
     resolved = model_alignment
@@ -54,4 +55,6 @@ def resolve_alignment(
         resolved = dataclasses.replace(resolved, head=head)
     if shift is not None:
         resolved = dataclasses.replace(resolved, shift=shift)
+    if null is not None:
+        resolved = dataclasses.replace(resolved, null=null)
     return resolved

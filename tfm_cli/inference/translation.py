@@ -21,6 +21,7 @@ from tfm_cli.inference.alignment import (
     piece_rows,
     hard_alignment,
     merge_to_words,
+    null_weights,
     pharaoh,
     transpose_pairs,
     word_char_offsets,
@@ -253,7 +254,8 @@ class Translator:
         for row, (_, output) in enumerate(rows):
             tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
         src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
-        decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True)
+        decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True,
+                                    full_context=self.alignment.full_context)
         attention = chosen_attention(decoded.cross_attention, self.alignment).float().cpu()  # (R, T, S)
         skip = len(self.source_prefix)  # the prefix columns are no source words
         src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i][skip:]] for i in batch}
@@ -262,10 +264,12 @@ class Translator:
             src_spans = word_spans(src_pieces[i])
             if line.src_words is None:
                 line.src_words = word_char_offsets(line.source)[: len(src_spans)]
-            # Rows: the output pieces' (EOS's dropped); columns: the source pieces (prefix and EOS dropped).
-            matrix = piece_rows(attention[row], len(output.pieces), self.alignment.shift)[:, skip : len(sources[i])]
-            words = merge_to_words(matrix, word_spans(output.pieces), src_spans)
-            output.alignment = hard_alignment(words)
+            # Rows: the output pieces' (EOS's dropped); columns: the source pieces (prefix dropped), then EOS.
+            matrix = piece_rows(attention[row], len(output.pieces), self.alignment.shift)[:, skip : len(sources[i]) + 1]
+            tgt_spans = word_spans(output.pieces)
+            words = merge_to_words(matrix, tgt_spans, src_spans)
+            null = null_weights(matrix, tgt_spans, matrix.size(1) - 1) if self.alignment.null else None
+            output.alignment = hard_alignment(words, null)
             output.words = word_char_offsets(output.text)
             if self.text.markup is not None:
                 # Tags also follow each source word to its best target word, so that an element

@@ -23,6 +23,7 @@ from tfm_cli.inference.alignment import (
     chosen_attention,
     hard_alignment,
     merge_to_words,
+    null_weights,
     pharaoh,
     piece_rows,
     transpose_pairs,
@@ -96,21 +97,26 @@ class AlignStats:
     seconds: float = 0.0
 
 
-def word_matrix(piece_matrix: torch.Tensor, tgt_spans: list[Span], src_spans: list[Span]) -> tuple[torch.Tensor, list[AlignmentPair]]:
-    """Piece-level attention (T_pieces, S_pieces) -> (word matrix (T_words, S_words), hard (src, tgt) links).
+def word_matrix(
+    piece_matrix: torch.Tensor, tgt_spans: list[Span], src_spans: list[Span], null: bool = False
+) -> tuple[torch.Tensor, list[AlignmentPair]]:
+    """Piece-level attention (T_pieces, S_pieces + 1; the last column is the source's EOS) -> (word
+    matrix (T_words, S_words), hard (src, tgt) links).
 
     merge_to_words and hard_alignment run on the words that have pieces; words without any get a
-    zero row or column and no link. The links are the argmax of the merged rows (as translate's);
-    the returned rows are then renormalised to sum to 1 (the dropped EOS column's mass spread out),
-    which moves no argmax.
+    zero row or column and no link. The links are the argmax of the merged rows (as translate's),
+    with `null` none for a word whose EOS weight is larger; the returned rows are then renormalised
+    to sum to 1 (the EOS column's mass spread out), which moves no argmax.
     """
     src_kept = [k for k, (start, end) in enumerate(src_spans) if end > start]
     tgt_kept = [k for k, (start, end) in enumerate(tgt_spans) if end > start]
     full = torch.zeros(len(tgt_spans), len(src_spans))
     if not src_kept or not tgt_kept:
         return full, []
-    merged = merge_to_words(piece_matrix, [tgt_spans[k] for k in tgt_kept], [src_spans[k] for k in src_kept])
-    links = [(src_kept[s], tgt_kept[t]) for s, t in hard_alignment(merged)]
+    kept_tgt_spans = [tgt_spans[k] for k in tgt_kept]
+    merged = merge_to_words(piece_matrix, kept_tgt_spans, [src_spans[k] for k in src_kept])
+    eos = null_weights(piece_matrix, kept_tgt_spans, piece_matrix.size(1) - 1) if null else None
+    links = [(src_kept[s], tgt_kept[t]) for s, t in hard_alignment(merged, eos)]
     merged = merged / merged.sum(dim=1, keepdim=True).clamp_min(1e-30)
     full[torch.tensor(tgt_kept)[:, None], torch.tensor(src_kept)[None, :]] = merged  # (T_kept, S_kept) into place
     return full, links
@@ -170,14 +176,15 @@ class WordAligner:
             for row, i in enumerate(batch):
                 tgt_in[row, : len(encoded[i][2]) + 1] = torch.tensor([config.bos_id] + encoded[i][2], dtype=torch.long)
             # Only the aligning layer computes attention weights; the others keep the fused kernel.
-            decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), attention_layer=self.alignment.layer)
+            decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), attention_layer=self.alignment.layer,
+                                        full_context=self.alignment.full_context)
             attention = chosen_attention([decoded.layer_cross_attention], replace(self.alignment, layer=0))
             attention = attention.float().cpu()  # (B, T, S)
             for row, i in enumerate(batch):
                 src_ids, src_spans, tgt_ids, tgt_spans = encoded[i]
-                # Rows: the target pieces (the </s> row dropped); columns: the source pieces (EOS dropped).
-                pieces = piece_rows(attention[row], len(tgt_ids), self.alignment.shift)[:, : len(src_ids)]
-                matrix, links = word_matrix(pieces, tgt_spans, src_spans)
+                # Rows: the target pieces (the </s> row dropped); columns: the source pieces and EOS.
+                pieces = piece_rows(attention[row], len(tgt_ids), self.alignment.shift)[:, : len(src_ids) + 1]
+                matrix, links = word_matrix(pieces, tgt_spans, src_spans, self.alignment.null)
                 answers[i] = Direction(links, matrix if keep_matrices else None)
         return answers
 

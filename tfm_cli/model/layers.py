@@ -140,6 +140,7 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         explicit_attention: bool = False,
         need_cross_weights: bool = False,
+        target_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), memory_mask: (B, 1, 1, S).
 
@@ -148,10 +149,13 @@ class DecoderLayer(nn.Module):
         steps, which may attend to all cached ones. `explicit_attention` computes both attentions by
         their explicit formula even when no weights are asked for (see attention.attend).
         `need_cross_weights` asks for the cross-attention weights only (guided-alignment training).
+        `target_mask` (B, 1, 1, T), True at real target positions, replaces the causal mask: every
+        position then sees the whole target (full-context alignment; never with caches).
         """
-        is_causal = self_cache is None and x.size(1) > 1
+        is_causal = target_mask is None and self_cache is None and x.size(1) > 1
         attended, self_weights = self.self_attn(
             self.self_attn_sublayer.before(x),
+            mask=target_mask,
             is_causal=is_causal,
             cache=self_cache,
             need_weights=need_weights,

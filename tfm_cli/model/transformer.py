@@ -166,7 +166,8 @@ class Transformer(nn.Module):
         return Encoded(memory=x, src_mask=src_mask, self_attention=weights)
 
     def decode(
-        self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False, attention_layer: int | None = None
+        self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False, attention_layer: int | None = None,
+        full_context: bool = False,
     ) -> Decoded:
         """Teacher-forced decoding of a whole prefix. tgt_in: (B, T) int64, starting with BOS.
 
@@ -174,16 +175,24 @@ class Transformer(nn.Module):
         mask: padding sits at the end, and the causal mask already hides later positions.
         `need_weights` returns every layer's attention weights; `attention_layer` (a python-style
         index) only that decoder layer's cross-attention, in `layer_cross_attention`: the other
-        layers keep the fused kernel.
+        layers keep the fused kernel. `full_context` lets every position see the whole target
+        (padding masked) instead of its prefix: Garg et al.'s full-context pass for alignments,
+        whose hidden states predict nothing.
         """
         memory_mask = encoded.src_mask[:, None, None, :]  # (B, 1, 1, S)
+        target_mask = None
+        if full_context:
+            target_mask = tgt_in != self.config.pad_id  # (B, T); padding sits at the end
+            target_mask[:, 0] = True  # BOS, which is the padding id in Marian models
+            target_mask = target_mask[:, None, None, :]  # (B, 1, 1, T)
         x = self.embed(self.tgt_embed, tgt_in)
         self_weights, cross_weights = [], []
         chosen = None if attention_layer is None else range(len(self.decoder_layers))[attention_layer]
         layer_cross_attention = None
         for index, layer in enumerate(self.decoder_layers):
             x, layer_self, layer_cross = layer(
-                x, encoded.memory, memory_mask, need_weights=need_weights, need_cross_weights=index == chosen
+                x, encoded.memory, memory_mask, need_weights=need_weights, need_cross_weights=index == chosen,
+                target_mask=target_mask,
             )
             if need_weights:
                 self_weights.append(layer_self)

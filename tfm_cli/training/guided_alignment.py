@@ -234,30 +234,37 @@ def corpus_word_links(
 
 
 class AlignmentGuide:
-    """What a guided run adds to each batch: the reference attention of its rows."""
+    """What a guided run adds to each batch: the reference attention of its rows (`shift` and `null` as
+    reference_attention takes them)."""
 
-    def __init__(self, links: WordLinks, src_table: PieceTable, tgt_table: PieceTable, special: SpecialIds) -> None:
+    def __init__(
+        self, links: WordLinks, src_table: PieceTable, tgt_table: PieceTable, special: SpecialIds,
+        shift: bool = False, null: bool = False,
+    ) -> None:
         self.links, self.src_table, self.tgt_table, self.special = links, src_table, tgt_table, special
+        self.shift, self.null = shift, null
 
     def annotate(self, batch: Batch) -> Batch:
         """`batch` (on the host) with its reference attention and supervised row count set."""
         batch.alignment, batch.n_aligned_rows = reference_attention(
             batch.src, batch.tgt_out, [self.links.row(int(row)) for row in batch.indices],
-            self.src_table, self.tgt_table, self.special,
+            self.src_table, self.tgt_table, self.special, self.shift, self.null,
         )
         return batch
 
 
 def reference_attention(
     src: torch.Tensor, tgt_out: torch.Tensor, links: list[torch.Tensor], src_table: PieceTable,
-    tgt_table: PieceTable, special: SpecialIds,
+    tgt_table: PieceTable, special: SpecialIds, shift: bool = False, null: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """The attention each decoder row should have: src (B, S), tgt_out (B, T) int64, links per row (k, 2).
 
-    Row t of a teacher-forced pass predicts tgt_out[:, t] (its input is token t - 1): it should spread
-    evenly over the source subwords of the source words linked to the target word that holds token t.
-    Rows of unlinked words, of EOS and of padding are all zero. Returns ((B, T, S) float32, rows with a
-    reference).
+    Token t's reference spreads evenly over the source subwords of the source words linked to the
+    target word that holds token t. Row t of a teacher-forced pass predicts tgt_out[:, t] (its input
+    is token t - 1); without `shift` it learns token t's reference, with `shift` row t + 1 does (the
+    row whose input is token t) and row 0 learns nothing. Tokens of words without a link learn the
+    source's EOS with `null`, nothing without. Rows of EOS and of padding are all zero. Returns
+    ((B, T, S) float32, rows with a reference).
     """
     src_words = word_index(src, real_tokens(src, special), src_table)  # (B, S)
     tgt_words = word_index(tgt_out, real_tokens(tgt_out, special), tgt_table)  # (B, T)
@@ -274,7 +281,13 @@ def reference_attention(
     ]
     reference &= (src_words >= 0)[:, None, :] & (tgt_words >= 0)[:, :, None]
     counts = reference.sum(dim=-1, keepdim=True)  # (B, T, 1)
-    return reference / counts.clamp(min=1), int((counts > 0).sum())
+    reference = reference / counts.clamp(min=1)
+    if null:
+        unlinked = (counts[..., 0] == 0) & (tgt_words >= 0)  # (B, T): tokens of words without a link
+        reference = reference + (unlinked[:, :, None] & (src == special.eos_id)[:, None, :])
+    if shift:
+        reference = torch.cat([torch.zeros_like(reference[:, :1]), reference[:, :-1]], dim=1)
+    return reference, int((reference.sum(dim=-1) > 0).sum())
 
 
 def alignment_loss(attention: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:

@@ -124,8 +124,12 @@ class LossModule(torch.nn.Module):
         else:
             if self.alignment is None or self.alignment.head is None:
                 raise ValueError("a batch with a reference alignment needs LossModule(alignment=...) with a head")
-            decoded = self.model.decode(tgt_in, encoded, attention_layer=self.alignment.layer)
-            hidden = decoded.hidden  # (B, T, D)
+            if self.alignment.full_context:
+                hidden = self.model.decode(tgt_in, encoded).hidden  # (B, T, D)
+                decoded = self.model.decode(tgt_in, encoded, attention_layer=self.alignment.layer, full_context=True)
+            else:
+                decoded = self.model.decode(tgt_in, encoded, attention_layer=self.alignment.layer)
+                hidden = decoded.hidden  # (B, T, D)
             attention = decoded.layer_cross_attention[:, self.alignment.head]  # (B, H, T, S) -> (B, T, S)
             alignment_sum = alignment_loss(attention, alignment)
         rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, target_index)  # (N, D)

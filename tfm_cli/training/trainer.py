@@ -108,11 +108,14 @@ class Trainer:
         self.alignment = None
         self.guide = None
         if data.train_links is not None:
-            self.alignment = AlignmentConfig(layer=config.alignment_layer, head=config.alignment_head)
+            self.alignment = AlignmentConfig(layer=config.alignment_layer, head=config.alignment_head,
+                                             shift=config.alignment_shift, null=config.alignment_null,
+                                             full_context=config.alignment_full_context)
             self.alignment.check(self.model_config.n_dec_layers, self.model_config.n_heads,
                                  ("train.alignment_layer", "train.alignment_head"))
             self.guide = AlignmentGuide(data.train_links, PieceTable.of(data.src_tokenizer),
-                                        PieceTable.of(data.tgt_tokenizer), self.special_ids)
+                                        PieceTable.of(data.tgt_tokenizer), self.special_ids,
+                                        config.alignment_shift, config.alignment_null)
         self.loss_module: torch.nn.Module = LossModule(self.model, config.label_smoothing, self.alignment)
         if world.distributed:
             # Every rank built the same initial weights from the seed; dropout must differ between ranks.
