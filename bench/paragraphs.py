@@ -8,7 +8,9 @@ three ways through `tfm translate` as a user runs it (model defaults, --threads 
 Scored with sacrebleu (i) per paragraph: each system's paragraph output (for `lines`, its GROUP
 outputs joined with a space) against the joined references; (ii) per line after re-splitting: a
 paragraph's output is cut back into GROUP sentences by sentencex; where it does not give exactly
-GROUP sentences, the whole output goes to the first line and the others get "".
+GROUP sentences, the whole output goes to the first line and the others get "". The joined
+line-by-line outputs are also re-split that way, so the two systems can be compared after the same
+re-splitting.
 
 Usage: python bench/paragraphs.py -m MODEL --src test.en --ref test.fr [--source-lang en --target-lang fr]
 """
@@ -81,8 +83,11 @@ def main() -> None:
     print(f"# model {args.model}; {len(sources)} lines -> {len(paragraphs)} paragraphs of {GROUP}")
     print("\n| system | BLEU per paragraph | BLEU per line, re-split | paragraphs re-split into their lines |")
     print("|---|---:|---:|---:|")
-    rows = [("lines one by one", grouped(by_line), by_line, None), ("--split-sentences", split, None, None),
-            ("whole paragraphs", whole, None, None)]
+    # The second row re-splits the joined line-by-line outputs exactly as the paragraph outputs are
+    # re-split, so that the re-splitter's own misses count on both sides of the comparison.
+    rows = [("lines one by one", grouped(by_line), by_line, None),
+            ("lines one by one, joined and re-split", grouped(by_line), None, None),
+            ("--split-sentences", split, None, None), ("whole paragraphs", whole, None, None)]
     for name, paragraph_outputs, line_outputs, _ in rows:
         right = "-"
         if line_outputs is None:
