@@ -320,6 +320,8 @@ TEST_TIERS: dict[str, str] = {
     "test_cache_command::test_a_missing_cache_folder_is_one_line": "integration",
     "test_cli::test_help_lists_every_subcommand_without_importing_torch": "system",
     "test_cli::test_python_dash_m_entry_point": "system",
+    "test_cli::test_a_finished_process_keeps_its_buffered_output_and_its_exit_status": "system",
+    "test_cli::test_a_profiler_still_gets_its_results_at_exit": "system",
     "test_corpus_cache::test_two_processes_preparing_the_same_entry_at_once_prepare_it_once": "system",
     "test_corpus_cache::test_only_temp_folders_that_tfm_made_and_whose_preparer_is_dead_are_removed": "system",
     "test_corpus_cache::test_a_training_run_starting_on_a_shared_cache_keeps_folders_it_did_not_make": "system",

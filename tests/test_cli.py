@@ -46,6 +46,28 @@ def test_python_dash_m_entry_point():
     assert result.returncode == 0 and __version__ in result.stdout
 
 
+def test_a_finished_process_keeps_its_buffered_output_and_its_exit_status(random_checkpoint, tmp_path):
+    # The process ends without Python's teardown (cli.end_process): whatever sits in stdout's buffer
+    # (block-buffered into a pipe) must still arrive, and a user error must still exit 1.
+    lines = "".join(f"Zeile {i}\n" for i in range(300))
+    ok = subprocess.run([sys.executable, "-m", "tfm_cli", "translate", "-q", "-m", str(random_checkpoint), "-b", "1",
+                         "--max-len-a", "0", "--max-len-b", "3"], input=lines, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("\n") == 300
+    missing = subprocess.run([sys.executable, "-m", "tfm_cli", "translate", "-m", str(tmp_path / "none.safetensors")],
+                             input="", capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1 and missing.stderr.startswith("error:")
+
+
+def test_a_profiler_still_gets_its_results_at_exit(tmp_path):
+    # cProfile writes its file at interpreter teardown, which end_process skips only when nothing traces.
+    stats = tmp_path / "version.prof"
+    result = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "tfm_cli", "--version"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert stats.is_file() and stats.stat().st_size > 0
+
+
 @pytest.mark.parametrize("command", ["translate", "score", "inspect-attention"])
 def test_unusable_device_is_one_clear_line(command, random_checkpoint, tmp_path):
     source = tmp_path / "src.txt"

@@ -195,8 +195,43 @@ def buffer_unbuffered_stdout() -> None:
     )
 
 
+def exit_status(code: object) -> int:
+    """The process exit status sys.exit(code) gives: None is 0, an int itself, anything else (a message) 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
+    return 1
+
+
+def end_process(status: int) -> None:
+    """Flush stdout and stderr, then end the process at once with `status`, without Python's teardown.
+
+    With torch loaded, the interpreter's teardown (freeing every module and object one by one) takes
+    longer than loading a model and translating a line (bench/RESULTS.md, "Whole processes"). Every
+    command has closed its files and joined its work by the time it returns, and tfm registers no
+    atexit work, so nothing is lost by skipping it. A profiler or tracer (cProfile, coverage) gets the
+    normal exit, since it writes its results at teardown.
+    """
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(status)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BrokenPipeError:
+            status = status or EXIT_BROKEN_PIPE
+        except (OSError, ValueError):  # a closed stream, or a full disk reported by the command already
+            status = status or EXIT_USER_ERROR
+    os._exit(status)
+
+
 def main() -> None:
     """Console-script entry point."""
     signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     buffer_unbuffered_stdout()
-    app()
+    try:
+        app()
+    except SystemExit as finished:
+        end_process(exit_status(finished.code))

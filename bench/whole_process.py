@@ -1,0 +1,220 @@
+"""Whole processes as a user runs them: `tfm translate` against a CTranslate2 script, start to finish.
+
+Every row is one fresh process, timed from its start to its exit (interpreter start, imports,
+model load, tokenization, decoding, detokenization, writing the output file), with its peak RSS
+read from getrusage(RUSAGE_CHILDREN) in a dedicated parent so that only that child counts:
+  tfm             `tfm translate -m CKPT -i SOURCE -o OUT --threads 2 --length-penalty 0
+                  --max-len-a 0 --max-len-b L` with --beam and --dtype (float32 or int8), the rest
+                  its defaults (batches of up to 128 sentences)
+  ct2             a Python script as a CTranslate2 user writes it: sentencepiece with the
+                  checkpoint's model, ctranslate2.Translator on `tfm export --to ctranslate2`
+                  (float32, or --quantization int8), intra_threads 2, translate_batch with
+                  max_batch_size 32 (translate_file's default), length_penalty 0, the same length
+                  limit, detokenize, write the file
+  one line        `echo 'Ein Hund rennt.' | tfm translate -m CKPT` (all defaults), against
+                  `python -c "import torch"` and the CTranslate2 script on that one line
+Engines alternate run by run; medians of --runs. BLEU is sacrebleu's on the output files (cased,
+13a). OMP_WAIT_POLICY is left as the user's environment has it unless --policy sets it for all.
+
+Usage: python bench/whole_process.py --model CKPT [--runs 3] [--beams 5,1] [--dtypes float32,int8]
+       [--memory-batch-sizes 32,128]   (peak RSS rows at equal batch sizes; "" to skip)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"
+ONE_LINE = "Ein Hund rennt."
+
+MEASURE = """
+import json, resource, subprocess, sys, time
+stdin = open(sys.argv[1], "rb") if sys.argv[1] != "-" else subprocess.DEVNULL
+start = time.perf_counter()
+child = subprocess.run(sys.argv[2:], stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+seconds = time.perf_counter() - start
+if child.returncode != 0:
+    sys.exit(child.stderr.decode(errors="replace"))
+print(json.dumps({"max_rss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "seconds": seconds}))
+"""
+
+CTRANSLATE2 = """
+import sys, ctranslate2, sentencepiece
+folder, spm_model, source, output, beam, batch_size, max_length = sys.argv[1:]
+tokenizer = sentencepiece.SentencePieceProcessor(model_file=spm_model)
+translator = ctranslate2.Translator(folder, device="cpu", inter_threads=1, intra_threads=2)
+lines = (open(source, encoding="utf-8") if source != "-" else sys.stdin).read().splitlines()
+results = translator.translate_batch(
+    [tokens + ["</s>"] for tokens in tokenizer.encode(lines, out_type=str)], beam_size=int(beam),
+    max_batch_size=int(batch_size), max_decoding_length=int(max_length), length_penalty=0.0,
+)
+with (open(output, "w", encoding="utf-8") if output != "-" else sys.stdout) as out:
+    for result in results:
+        out.write(tokenizer.decode(result.hypotheses[0]) + "\\n")
+"""
+
+
+def measure(command: list[str], stdin: Path | None, env: dict[str, str]) -> dict:
+    """Run `command` as the only child of a fresh measuring process; returns {max_rss_kib, seconds}."""
+    result = subprocess.run([sys.executable, "-c", MEASURE, str(stdin) if stdin else "-", *command],
+                            capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"bench/whole_process.py: {' '.join(command[:4])}... failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout)
+
+
+def export_ctranslate2(checkpoint: Path, workdir: Path) -> dict[str, Path]:
+    """`tfm export --to ctranslate2` in float32 and int8 into workdir, plus the source sentencepiece model.
+
+    Returns {precision: model folder}; workdir/spm.model is the tokenizer.
+    """
+    import shutil
+
+    from tfm_cli.checkpoint import read_checkpoint
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "spm.model").write_bytes(read_checkpoint(checkpoint).src_tokenizer_bytes)
+    folders = {}
+    for precision in ("float32", "int8"):
+        folder = workdir / f"whole-ct2-{precision}"
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "tfm_cli", "export", "-q", "-m", str(checkpoint), "--to", "ctranslate2",
+                        "--quantization", precision, str(folder)], check=True)
+        folders[precision] = folder
+    return folders
+
+
+def bleu(hypotheses: Path, reference: Path) -> float:
+    """Corpus BLEU (sacrebleu defaults) of a hypothesis file against a reference file."""
+    import sacrebleu
+
+    hyps = hypotheses.read_text(encoding="utf-8").splitlines()
+    refs = reference.read_text(encoding="utf-8").splitlines()
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def cpu_flags() -> str:
+    """The CPU model name and its vector flags (avx*, amx*) from lscpu."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("Flags")), [])
+    return f"{model}; flags: {' '.join(flag for flag in flags if flag.startswith(('avx', 'amx')))}"
+
+
+def main() -> None:
+    """Print markdown tables: whole-process wall time and BLEU per engine, the one-line cost, peak RSS."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="tfm checkpoint (.safetensors)")
+    parser.add_argument("--source", type=Path, default=MULTI30K / "test_2016_flickr.de")
+    parser.add_argument("--reference", type=Path, default=MULTI30K / "test_2016_flickr.en")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--beams", default="5,1")
+    parser.add_argument("--dtypes", default="float32,int8")
+    parser.add_argument("--max-len-b", type=int, default=79, help="at most this many tokens + EOS per output")
+    parser.add_argument("--memory-batch-sizes", default="32,128", help="peak RSS rows at these equal batch sizes")
+    parser.add_argument("--one-line-runs", type=int, default=5)
+    parser.add_argument("--policy", default="", help="set OMP_WAIT_POLICY for every process (default: as inherited)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-whole"))
+    parser.add_argument("--tfm", default=str(Path(sys.executable).with_name("tfm")), help="the tfm console script")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    if args.policy:
+        env["OMP_WAIT_POLICY"] = args.policy
+    folders = export_ctranslate2(args.model, args.workdir)
+    spm = args.workdir / "spm.model"
+    limit = str(args.max_len_b)
+
+    def tfm(output: Path, beam: str, dtype: str, batch_size: str | None = None) -> list[str]:
+        command = [args.tfm, "translate", "-q", "-m", str(args.model), "-i", str(args.source), "-o", str(output),
+                   "--threads", "2", "--beam", beam, "--length-penalty", "0", "--max-len-a", "0", "--max-len-b", limit,
+                   "--dtype", dtype]
+        return command + (["--batch-size", batch_size] if batch_size else [])
+
+    def ct2(output: Path, beam: str, dtype: str, batch_size: str = "32") -> list[str]:
+        return [sys.executable, "-c", CTRANSLATE2, str(folders[dtype]), str(spm), str(args.source), str(output),
+                beam, batch_size, str(args.max_len_b + 1)]
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_flags()}; "
+          f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', '(unset)')}; model {args.model}; {args.runs} runs")
+    print("\n| beam | precision | tfm wall s | CTranslate2 wall s | tfm faster by | per run | tfm BLEU | CT2 BLEU |"
+          " tfm peak RSS MiB | CT2 peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for beam in args.beams.split(","):
+        for dtype in args.dtypes.split(","):
+            times = {"tfm": [], "ct2": []}
+            rss = {"tfm": [], "ct2": []}
+            outputs = {name: args.workdir / f"out-{name}-{beam}-{dtype}.txt" for name in times}
+            for run in range(args.runs):
+                order = ("tfm", "ct2") if run % 2 == 0 else ("ct2", "tfm")
+                for name in order:
+                    build = tfm if name == "tfm" else ct2
+                    result = measure(build(outputs[name], beam, dtype), None, env)
+                    times[name].append(result["seconds"])
+                    rss[name].append(result["max_rss_kib"] / 1024)
+            ratios = sorted(c / t for t, c in zip(times["tfm"], times["ct2"]))
+            print(f"| {beam} | {dtype} | {statistics.median(times['tfm']):.2f} | {statistics.median(times['ct2']):.2f} | "
+                  f"**{statistics.median(times['ct2']) / statistics.median(times['tfm']):.2f}x** | "
+                  f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {bleu(outputs['tfm'], args.reference):.2f} | "
+                  f"{bleu(outputs['ct2'], args.reference):.2f} | {statistics.median(rss['tfm']):.0f} | "
+                  f"{statistics.median(rss['ct2']):.0f} |", flush=True)
+
+    one_line = args.workdir / "one-line.txt"
+    one_line.write_text(ONE_LINE + "\n", encoding="utf-8")
+    rows = {
+        'python -c "import torch"': ([sys.executable, "-c", "import torch"], None),
+        f"echo '{ONE_LINE}' | tfm translate -m CKPT": ([args.tfm, "translate", "-m", str(args.model)], one_line),
+        "the CTranslate2 script on that line (float32)": (
+            [sys.executable, "-c", CTRANSLATE2, str(folders["float32"]), str(spm), "-", "-", "5", "32", "256"], one_line),
+        'python -c "import ctranslate2, sentencepiece"': ([sys.executable, "-c", "import ctranslate2, sentencepiece"], None),
+    }
+    one_times = {name: [] for name in rows}
+    if args.one_line_runs < 1:
+        rows = {}
+    for _ in range(args.one_line_runs):
+        for name, (command, stdin) in rows.items():
+            one_times[name].append(measure(command, stdin, env)["seconds"])
+    if rows:
+        floor = statistics.median(one_times['python -c "import torch"'])
+        print("\n| one short line | wall s, median | min-max | / import torch |")
+        print("|---|---|---|---|")
+    for name, values in (one_times if rows else {}).items():
+        print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | "
+              f"{statistics.median(values) / floor:.2f}x |")
+
+    batch_sizes = [size for size in args.memory_batch_sizes.split(",") if size]
+    if not batch_sizes:
+        return
+    floors = {
+        "tfm": [measure([sys.executable, "-c", "import torch"], None, env)["max_rss_kib"] / 1024 for _ in range(args.runs)],
+        "ct2": [measure([sys.executable, "-c", "import ctranslate2, sentencepiece"], None, env)["max_rss_kib"] / 1024
+                for _ in range(args.runs)],
+    }
+    floor_mib = {name: statistics.median(values) for name, values in floors.items()}
+    print(f"\nImport floors (peak RSS, MiB): torch {floor_mib['tfm']:.0f}, ctranslate2 + sentencepiece "
+          f"{floor_mib['ct2']:.0f}. Beam {args.beams.split(',')[0]}, equal batch sizes, medians of {args.runs} runs.")
+    print("\n| batch | precision | tfm peak RSS | CT2 peak RSS | tfm above floor | CT2 above floor | ratio above floor |")
+    print("|---|---|---|---|---|---|---|")
+    beam = args.beams.split(",")[0]
+    for batch_size in batch_sizes:
+        for dtype in args.dtypes.split(","):
+            peaks = {"tfm": [], "ct2": []}
+            for run in range(args.runs):
+                for name in (("tfm", "ct2") if run % 2 == 0 else ("ct2", "tfm")):
+                    output = args.workdir / f"mem-{name}.txt"
+                    command = tfm(output, beam, dtype, batch_size) if name == "tfm" else ct2(output, beam, dtype, batch_size)
+                    peaks[name].append(measure(command, None, env)["max_rss_kib"] / 1024)
+            above = {name: statistics.median(values) - floor_mib[name] for name, values in peaks.items()}
+            print(f"| {batch_size} | {dtype} | {statistics.median(peaks['tfm']):.0f} | {statistics.median(peaks['ct2']):.0f} | "
+                  f"{above['tfm']:.0f} | {above['ct2']:.0f} | **{above['tfm'] / above['ct2']:.2f}x** |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
