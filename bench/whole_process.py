@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from translate_memory import export_ctranslate2  # noqa: E402  (tfm export --to ctranslate2, float32 and int8)
+
 MULTI30K = BENCH_DIR.parents[1] / "shared" / "data" / "multi30k"
 ONE_LINE = "Ein Hund rennt."
 
@@ -69,27 +72,6 @@ def measure(command: list[str], stdin: Path | None, env: dict[str, str]) -> dict
     if result.returncode != 0:
         sys.exit(f"bench/whole_process.py: {' '.join(command[:4])}... failed: {result.stderr.strip()[-2000:]}")
     return json.loads(result.stdout)
-
-
-def export_ctranslate2(checkpoint: Path, workdir: Path) -> dict[str, Path]:
-    """`tfm export --to ctranslate2` in float32 and int8 into workdir, plus the source sentencepiece model.
-
-    Returns {precision: model folder}; workdir/spm.model is the tokenizer.
-    """
-    import shutil
-
-    from tfm_cli.checkpoint import read_checkpoint
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "spm.model").write_bytes(read_checkpoint(checkpoint).src_tokenizer_bytes)
-    folders = {}
-    for precision in ("float32", "int8"):
-        folder = workdir / f"whole-ct2-{precision}"
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "tfm_cli", "export", "-q", "-m", str(checkpoint), "--to", "ctranslate2",
-                        "--quantization", precision, str(folder)], check=True)
-        folders[precision] = folder
-    return folders
 
 
 def bleu(hypotheses: Path, reference: Path) -> float:

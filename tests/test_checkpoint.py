@@ -46,10 +46,12 @@ def saved(tmp_path, tokenizer):
 
 def test_round_trip_is_bit_exact_and_self_contained(saved, tokenizer):
     path, model = saved
-    loaded = load_model(path)
+    stored = read_checkpoint(path).weights
     for name, tensor in model_weights(model).items():
-        assert torch.equal(dict(loaded.model.named_parameters())[name], tensor), name
+        assert torch.equal(stored[name], tensor), name
+    loaded = load_model(path)
     assert loaded.model.output_proj.weight is loaded.model.src_embed.weight  # re-tied on load
+    assert torch.equal(loaded.model.src_embed.weight, model.src_embed.weight)
     assert loaded.config == model.config
     assert loaded.provenance == {"step": 7}
     assert loaded.src_tokenizer.model_bytes == tokenizer.model_bytes

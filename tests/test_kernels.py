@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import tiny_config
+from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_weights
 
 
@@ -67,3 +69,25 @@ def test_a_row_gets_the_same_bits_in_any_batch(shape):
             for i in sorted({0, rows // 2, rows - 1}):
                 alone = linear(x[i : i + 1])[0]
                 assert torch.equal(batch[i], alone), (rows, i)
+
+
+def test_a_model_that_only_translates_keeps_one_copy_of_each_weight():
+    # pack_weights(keep_plain=False), as load_model does: the same outputs bit for bit, the plain
+    # weights of the packed layers gone (the tied output projection keeps the embedding's), and a
+    # call that would need a freed weight (autograd on) refuses instead of multiplying by zeros.
+    assert onednn_linear_available(), "this torch build has no oneDNN linear: tfm falls back to F.linear"
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(share_embeddings=True)).eval()
+    src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
+    with packed_weights(model), torch.inference_mode():
+        expected = model(src, tgt)
+    pack_weights(model, keep_plain=False)
+    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    freed = [layer for layer in layers if layer.plain_weight_freed]
+    assert len(freed) == len(layers) - 1 and not model.output_proj.plain_weight_freed
+    assert all(layer.weight.untyped_storage().nbytes() == 4 for layer in freed)
+    assert model.output_proj.weight is model.src_embed.weight
+    with torch.inference_mode():
+        assert torch.equal(model(src, tgt), expected)
+    with pytest.raises(RuntimeError, match="kept only its packed weight"):
+        model(src, tgt)

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_cli
 from tfm_cli.inference.alignment import parse_pharaoh
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoint import load_model, model_with_weights, read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.precision import (
@@ -247,6 +247,7 @@ def test_int8_without_vnni_translates_close_to_float32_and_batch_invariant(model
         pytest.skip("this torch build has no int8 kernel")
     float32 = load_model(model_path)
     int8 = load_model(model_path)
+    int8.model = model_with_weights(read_checkpoint(model_path)).eval()  # plain layers, not yet packed
     convert_linear_layers(int8.model, "int8", CpuSupport(native_bf16=False, int8_vnni=False))
     assert any(isinstance(module, Int8LinearWithoutVnni) for module in int8.model.modules())
     decode = DecodeConfig(beam_size=4)

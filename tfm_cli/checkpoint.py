@@ -315,17 +315,23 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
             )
 
 
-def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32") -> Transformer:
-    """A Transformer with the checkpoint's weights, in eval mode, on `device`, for inference.
-
-    Its linear layers run in `dtype` ("float32", "bf16" or "int8", see model/precision.py), converted
-    or packed once: the model must not be trained.
-    """
+def model_with_weights(checkpoint: Checkpoint) -> Transformer:
+    """A Transformer of the checkpoint's config holding its weights in float32 on the CPU, as trained
+    (plain parameters, train mode): what `tfm train --init` starts from."""
     model = Transformer(checkpoint.config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(checkpoint.weights[name].to(torch.float32))
-    model = model.to(device).eval()
+    return model
+
+
+def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32") -> Transformer:
+    """A Transformer with the checkpoint's weights, in eval mode, on `device`, for inference.
+
+    Its linear layers run in `dtype` ("float32", "bf16" or "int8", see model/precision.py), converted
+    or packed once, and on the CPU keep no plain copy of what was packed: the model must not be trained.
+    """
+    model = model_with_weights(checkpoint).to(device).eval()
     convert_linear_layers(model, dtype)
     return model
 

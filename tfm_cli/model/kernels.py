@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -67,6 +68,7 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.packed_weight: torch.Tensor | None = None
         self.product_threads: int | None = None
+        self.plain_weight_freed = False  # set by free_plain_weight: only the packed copy is left
 
     def pack(self) -> None:
         """Make the packed copy of the current weight (only for CPU float32 weights with oneDNN)."""
@@ -76,11 +78,34 @@ class Linear(nn.Linear):
 
     def release(self) -> None:
         """Drop the packed copy: the layer is plain F.linear again."""
+        if self.plain_weight_freed:
+            raise RuntimeError("this Linear kept only its packed weight; it cannot go back to F.linear")
         self.packed_weight = None
+
+    def free_plain_weight(self) -> None:
+        """Keep only the packed copy (after pack): the plain weight's memory is given up.
+
+        `weight` stays a parameter of the same shape, dtype and device, but a zero-stride view of one
+        value, so the layer then runs only through its packed product: on the CPU, in float32, with
+        autograd off (anything else raises). For models that only ever translate.
+        """
+        if self.packed_weight is None:
+            raise RuntimeError("free_plain_weight needs a packed weight first (pack)")
+        self.weight = nn.Parameter(self.weight.detach().new_zeros(()).expand(self.weight.shape), requires_grad=False)
+        self.plain_weight_freed = True
+
+    def plain_product_allowed(self) -> None:
+        """Raise RuntimeError when the plain F.linear path is needed but the plain weight was freed."""
+        if self.plain_weight_freed:
+            raise RuntimeError(
+                "this Linear kept only its packed weight (free_plain_weight): it runs on the CPU, in float32, "
+                "under torch.inference_mode or torch.no_grad"
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
+            self.plain_product_allowed()
             return on_threads(self.product_threads, F.linear, x, self.weight, self.bias)
         return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias)
 
@@ -91,6 +116,7 @@ class Linear(nn.Linear):
         the output instead of two); the result is the same bits as F.relu after forward.
         """
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
+            self.plain_product_allowed()
             return F.relu(on_threads(self.product_threads, F.linear, x, self.weight, self.bias))
         return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias, "relu")
 
@@ -113,11 +139,19 @@ def packed_linear(
     return output[:count].view(*x.shape[:-1], output.size(-1))
 
 
-def pack_weights(model: nn.Module) -> None:
-    """Pack every tfm Linear of `model` for CPU inference; the weights must not change afterwards."""
+def pack_weights(model: nn.Module, keep_plain: bool = True) -> None:
+    """Pack every tfm Linear of `model` for CPU inference; the weights must not change afterwards.
+
+    keep_plain=False frees the plain weight of every layer whose packed copy was made and whose
+    weight no other module uses (a tied output projection keeps the embedding's): one copy of the
+    linear layers' weights instead of two, for a model that only translates (free_plain_weight).
+    """
+    uses = Counter(id(param) for _, param in model.named_parameters(remove_duplicate=False))
     for module in model.modules():
         if isinstance(module, Linear):
             module.pack()
+            if not keep_plain and module.packed_weight is not None and uses[id(module.weight)] == 1:
+                module.free_plain_weight()
 
 
 @contextlib.contextmanager

@@ -308,15 +308,18 @@ def linear_layers(model: nn.Module) -> list[nn.Module]:
 def convert_linear_layers(model: nn.Module, dtype: str, support: CpuSupport | None = None) -> None:
     """Run every linear layer of `model` in `dtype` ("float32", "bf16" or "int8"), for inference only.
 
-    float32 packs tfm's Linear layers for oneDNN (kernels.pack_weights). bf16 and int8 replace each
+    float32 packs tfm's Linear layers for oneDNN and keeps only the packed copies (kernels.pack_weights
+    with keep_plain=False; a tied output projection keeps the embedding's weight). bf16 and int8 replace each
     nn.Linear by a BFloat16Linear, or by the int8 layer for the CPU's `support` (default
     cpu_support(); see int8_layer_class), made from its weights; a weight shared with an embedding
     (a tied output projection) stays float32 in the embedding. Returns nothing; the model is changed
     in place (its `inference_dtype` says to what) and must not be trained afterwards.
     """
+    if any(isinstance(module, Linear) and module.plain_weight_freed for module in model.modules()):
+        raise RuntimeError("convert_linear_layers: this model was converted already (its plain weights are freed)")
     model.inference_dtype = dtype
     if dtype == "float32":
-        pack_weights(model)
+        pack_weights(model, keep_plain=False)
         return
     if dtype == "bf16":
         replacement = BFloat16Linear

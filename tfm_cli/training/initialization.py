@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoint import checkpoint_tokenizers, model_with_weights, read_checkpoint
 from tfm_cli.config import ModelConfig, ModelShape, check_type, config_from_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.recipe import Recipe, TokenizerConfig, recipe_from_dict, recipe_values
@@ -69,7 +69,7 @@ class InitModel:
 
 
 def read_init_model(path: Path | str, record: InitRecord | None = None) -> InitModel:
-    """Read and validate the checkpoint at `path` (through checkpoint.load_model). Returns the InitModel.
+    """Read and validate the checkpoint at `path` (as checkpoint.load_model does). Returns the InitModel.
 
     `record` defaults to `path` itself (absolute) and its SHA-256. Raises TfmError, prefixed `--init:`,
     for a missing or bad file.
@@ -79,21 +79,22 @@ def read_init_model(path: Path | str, record: InitRecord | None = None) -> InitM
         check_input_file(given, "checkpoint")
         with as_regular_file(given) as regular:
             try:
-                loaded = load_model(regular)
+                checkpoint = read_checkpoint(regular)
+                src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(regular, checkpoint)
+                state = {name: tensor.detach() for name, tensor in model_with_weights(checkpoint).state_dict().items()}
             except TfmError as error:
                 raise TfmError(str(error).replace(str(regular), str(given))) from None
             sha256 = file_sha256(regular)
     except TfmError as error:
         raise TfmError(f"--init: {error}") from None
-    state = {name: tensor.detach().cpu() for name, tensor in loaded.model.state_dict().items()}
     return InitModel(
         record=record or InitRecord(str(given.absolute()), sha256),
         source=given,
-        config=loaded.config,
-        src_tokenizer=loaded.src_tokenizer,
-        tgt_tokenizer=loaded.tgt_tokenizer,
+        config=checkpoint.config,
+        src_tokenizer=src_tokenizer,
+        tgt_tokenizer=tgt_tokenizer,
         state=state,
-        decode_defaults=loaded.decode_defaults,
+        decode_defaults=checkpoint.decode_defaults,
     )
 
 
