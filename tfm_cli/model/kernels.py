@@ -94,7 +94,7 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(self.weight.detach().new_zeros(()).expand(self.weight.shape), requires_grad=False)
         self.plain_weight_freed = True
 
-    def plain_product_allowed(self) -> None:
+    def require_plain_weight(self) -> None:
         """Raise RuntimeError when the plain F.linear path is needed but the plain weight was freed."""
         if self.plain_weight_freed:
             raise RuntimeError(
@@ -105,7 +105,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
-            self.plain_product_allowed()
+            self.require_plain_weight()
             return on_threads(self.product_threads, F.linear, x, self.weight, self.bias)
         return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias)
 
@@ -116,7 +116,7 @@ class Linear(nn.Linear):
         the output instead of two); the result is the same bits as F.relu after forward.
         """
         if self.packed_weight is None or not uses_packed_path(x, self.weight):
-            self.plain_product_allowed()
+            self.require_plain_weight()
             return F.relu(on_threads(self.product_threads, F.linear, x, self.weight, self.bias))
         return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias, "relu")
 
@@ -146,7 +146,7 @@ def pack_weights(model: nn.Module, keep_plain: bool = True) -> None:
     weight no other module uses (a tied output projection keeps the embedding's): one copy of the
     linear layers' weights instead of two, for a model that only translates (free_plain_weight).
     """
-    uses = Counter(id(param) for _, param in model.named_parameters(remove_duplicate=False))
+    uses = Counter() if keep_plain else Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for module in model.modules():
         if isinstance(module, Linear):
             module.pack()

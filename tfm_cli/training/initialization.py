@@ -81,7 +81,7 @@ def read_init_model(path: Path | str, record: InitRecord | None = None) -> InitM
             try:
                 checkpoint = read_checkpoint(regular)
                 src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(regular, checkpoint)
-                state = {name: tensor.detach() for name, tensor in model_with_weights(checkpoint).state_dict().items()}
+                state = dict(model_with_weights(checkpoint).state_dict())  # state_dict's tensors are detached
             except TfmError as error:
                 raise TfmError(str(error).replace(str(regular), str(given))) from None
             sha256 = file_sha256(regular)
