@@ -237,6 +237,7 @@ TIERS = ("unit", "integration", "system")
 # The one place that assigns tiers: each test module's tier, by module name. A new test module gets a line here.
 MODULE_TIERS: dict[str, str] = {
     "test_align": "integration",
+    "test_aligner": "integration",
     "test_alignment": "unit",
     "test_alignment_settings": "integration",
     "test_alignment_aer": "unit",

@@ -108,8 +108,10 @@ def average_checkpoints(paths: list[Path], on_read: Callable[[Path], None] | Non
         "step": max(steps) if steps else None,
         "averaged_from_provenance": first.provenance,
     }
-    # The first input's tokenizers (bytes and piece tables) and decoding defaults go with the average.
-    return dataclasses.replace(first, weights=weights, provenance=provenance)
+    # The first input's tokenizers (bytes and piece tables) and decoding defaults go with the average; a
+    # trained aligner does not: it reads one model's states, and the average is another model.
+    alignment = {key: value for key, value in first.alignment.items() if not key.startswith("aligner")}
+    return dataclasses.replace(first, weights=weights, provenance=provenance, alignment=alignment, aligner_weights={})
 
 
 def average_to_file(paths: list[Path], output: Path, on_read: Callable[[Path], None] | None = None) -> Checkpoint:

@@ -10,7 +10,9 @@ Layout (format version 1):
   metadata  format="tfm-checkpoint", format_version="1", model_config (JSON of ModelConfig),
             provenance (free-form JSON: step, recipe, averaged inputs, ...), and optionally
             decode_defaults (JSON: DecodeConfig fields an imported model's generation config sets),
-            and alignment (JSON of AlignmentConfig: the cross-attention that aligns words best).
+            and alignment (JSON of AlignmentConfig: the attention that aligns words best).
+            A trained aligner (model/aligner.py) adds its tensors under `aligner.`, and alignment then
+            says `aligner: true` with its sizes.
 Nothing here ever unpickles: files are read through safetensors only.
 """
 
@@ -37,6 +39,7 @@ from tfm_cli.checkpoint_metadata import (
 from tfm_cli.config import AlignmentConfig, ModelConfig, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
+from tfm_cli.model.aligner import ALIGNER_PREFIX, Aligner, aligner_shapes
 from tfm_cli.model.precision import convert_linear_layers
 from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
 from tfm_cli.tokenizer import Tokenizer
@@ -69,6 +72,8 @@ class Checkpoint:
     decode_defaults: dict[str, Any] = field(default_factory=dict)
     # AlignmentConfig fields of the attention that aligns best (a guided run's head); {} = tfm's defaults.
     alignment: dict[str, Any] = field(default_factory=dict)
+    # A trained aligner's tensors (names start with ALIGNER_PREFIX); {} without one.
+    aligner_weights: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +86,7 @@ class LoadedModel:
     provenance: dict[str, Any]
     decode_defaults: dict[str, Any] = field(default_factory=dict)
     alignment: AlignmentConfig = field(default_factory=AlignmentConfig)  # the checkpoint's, else the default
+    aligner: Aligner | None = None  # the checkpoint's trained aligner, if it has one
 
     @property
     def config(self) -> ModelConfig:
@@ -95,7 +101,7 @@ def model_weights(model: Transformer) -> dict[str, torch.Tensor]:
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     """Serialise `checkpoint` to safetensors bytes (see the module docstring for the layout)."""
-    tensors = dict(checkpoint.weights)
+    tensors = dict(checkpoint.weights) | dict(checkpoint.aligner_weights)
     tensors[SRC_TOKENIZER_KEY] = byte_tensor(checkpoint.src_tokenizer_bytes)
     if checkpoint.tgt_tokenizer_bytes != checkpoint.src_tokenizer_bytes:
         tensors[TGT_TOKENIZER_KEY] = byte_tensor(checkpoint.tgt_tokenizer_bytes)
@@ -265,8 +271,11 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
             tgt_vocab = decode_vocabulary(files[TGT_VOCAB_KEY], f"{path} ({TGT_VOCAB_KEY})")
     elif TGT_VOCAB_KEY in files:
         raise TfmError(f"{path}: checkpoint has {TGT_VOCAB_KEY} but no {SRC_VOCAB_KEY}")
+    aligner_weights = {name: tensors.pop(name) for name in [name for name in tensors if name.startswith(ALIGNER_PREFIX)]}
     check_weights(path, config, tensors)
-    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults, alignment)
+    check_aligner_weights(path, config, config_from_dict(AlignmentConfig, alignment, "alignment"), aligner_weights)
+    return Checkpoint(config, tensors, src_bytes, tgt_bytes, provenance, src_vocab, tgt_vocab, decode_defaults, alignment,
+                      aligner_weights)
 
 
 def embedded_files(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, bytes]:
@@ -293,9 +302,13 @@ def embedded_files(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, by
     return files
 
 
-def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
-    """Raise TfmError naming the first missing, unexpected, mis-shaped or non-float tensor."""
-    expected = parameter_shapes(config)  # from the config alone: no model is built
+def check_weights(
+    path: Path, config: ModelConfig, weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]] | None = None
+) -> None:
+    """Raise TfmError naming the first missing, unexpected, mis-shaped or non-float tensor of `expected`
+    (name -> shape; default: the model's parameters, parameter_shapes)."""
+    if expected is None:
+        expected = parameter_shapes(config)  # from the config alone: no model is built
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise TfmError(f"{path}: checkpoint lacks tensor {missing[0]!r} ({len(missing)} missing in all)")
@@ -313,6 +326,29 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
             raise TfmError(
                 f"{path}: tensor {name!r} holds NaN or infinite values (training diverged?); use an earlier checkpoint"
             )
+
+
+def check_aligner_weights(
+    path: Path, config: ModelConfig, alignment: AlignmentConfig, weights: dict[str, torch.Tensor]
+) -> None:
+    """Raise TfmError unless `weights` are exactly the tensors of the aligner `alignment` names (none without one)."""
+    if not alignment.aligner:
+        if weights:
+            raise TfmError(f"{path}: checkpoint has aligner tensors ({next(iter(weights))!r}) but its alignment settings name no aligner")
+        return
+    check_weights(path, config, weights, aligner_shapes(config, alignment.aligner_hidden, alignment.aligner_dim))
+
+
+def build_aligner(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Aligner | None:
+    """The checkpoint's trained aligner in float32, in eval mode on `device`; None without one."""
+    alignment = config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment")
+    if not alignment.aligner:
+        return None
+    aligner = Aligner(checkpoint.config, alignment.aligner_hidden, alignment.aligner_dim)
+    with torch.no_grad():
+        for name, param in aligner.named_parameters():
+            param.copy_(checkpoint.aligner_weights[ALIGNER_PREFIX + name].to(torch.float32))
+    return aligner.to(device).eval()
 
 
 def model_with_weights(checkpoint: Checkpoint) -> Transformer:
@@ -338,11 +374,17 @@ def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtyp
 
 def load_model(path: Path | str, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedModel:
     """Read, validate and build (linear layers in `dtype`): the one call translate, score and inspect-attention need."""
-    checkpoint = read_checkpoint(path)
+    return loaded_model(path, read_checkpoint(path), device, dtype)
+
+
+def loaded_model(
+    path: Path | str, checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32"
+) -> LoadedModel:
+    """load_model of a checkpoint already read from `path` (a command that also rewrites it reads it once)."""
     src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(path, checkpoint)
     return LoadedModel(
         build_model(checkpoint, device, dtype), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults,
-        config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment"),
+        config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment"), build_aligner(checkpoint, device),
     )
 
 

@@ -26,6 +26,7 @@ from tfm_cli.commands import (
     score,
     tokenize,
     train,
+    train_aligner,
     translate,
 )
 from tfm_cli.console import print_error, print_hint
@@ -165,6 +166,7 @@ app.command("average", epilog=average.EPILOG, cls=TfmCommand)(average.average)
 app.command("translate", epilog=translate.EPILOG, cls=TfmCommand)(translate.translate)
 app.command("score", epilog=score.EPILOG, cls=TfmCommand)(score.score)
 app.command("align", epilog=align.EPILOG, cls=TfmCommand)(align.align)
+app.command("train-aligner", epilog=train_aligner.EPILOG, cls=TfmCommand)(train_aligner.train_aligner)
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
 app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)

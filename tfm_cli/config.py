@@ -454,10 +454,11 @@ class TokenizerTrainConfig:
 
 @dataclass(frozen=True)
 class AlignmentConfig:
-    """Which cross-attention becomes the word alignment: a decoder layer, one head or their mean, and the row.
+    """Which attention becomes the word alignment: a trained aligner, or a decoder layer's cross-attention
+    (one head or their mean), and the row.
 
-    A checkpoint stores the one that aligns best for its model (a guided-alignment run's trained
-    head, or a measured choice); `translate --alignment`, `inspect-attention --format pharaoh` and
+    A checkpoint stores the one that aligns best for its model (its trained aligner, a guided-alignment
+    run's trained head, or a measured choice); `translate --alignment`, `inspect-attention --format pharaoh` and
     `tfm align` use it unless flags say otherwise.
     """
 
@@ -475,6 +476,12 @@ class AlignmentConfig:
     # (Garg et al. 2019's full context; a guided run with train.alignment_full_context learns it);
     # False: from the causal pass that translation runs.
     full_context: bool = False
+    # True: the checkpoint's trained aligner (model/aligner.py, `tfm train-aligner`) gives the attention
+    # instead of a cross-attention of the decoder (layer, head and full_context then do not apply);
+    # aligner_hidden and aligner_dim are its sizes.
+    aligner: bool = False
+    aligner_hidden: int = 512
+    aligner_dim: int = 256
 
     def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("alignment layer", "alignment head")) -> None:
         """Raise TfmError if the layer or head does not exist in a model of this size (`names`: how to call them)."""
@@ -484,3 +491,5 @@ class AlignmentConfig:
             raise TfmError(
                 f"{names[1]} {self.head} does not exist: layers have {n_heads} heads (0-{n_heads - 1}, or -1 for the last)"
             )
+        if self.aligner_hidden < 1 or self.aligner_dim < 1:
+            raise TfmError(f"aligner sizes must be positive, got hidden {self.aligner_hidden} and dim {self.aligner_dim}")

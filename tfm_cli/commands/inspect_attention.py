@@ -114,7 +114,7 @@ def inspect_attention(
     chosen = resolve_alignment(loaded.alignment if kind == "cross" else AlignmentConfig(), layer, head is not None, head_index, shift, null)
     reverse_alignment = resolve_alignment(reverse.alignment, layer, head is not None, head_index, shift, null) if reverse else None
     layer, head_index = chosen.layer, chosen.head
-    head = "mean" if head_index is None else str(head_index)
+    head = "aligner" if chosen.aligner else "mean" if head_index is None else str(head_index)
     from tfm_cli.inference.inspection import example_view
 
     examples = make_examples(loaded, pairs, decode, quiet)
@@ -130,7 +130,7 @@ def inspect_attention(
         for example in examples:
             count += 1
             view = example_view(loaded, example, kind, layer, head_index, words, chosen.shift, chosen.null,
-                                chosen.full_context)
+                                chosen.full_context, chosen.aligner)
             if png is not None:  # before printing: a failed image write leaves no printed result
                 save_png(png, view, kind)
                 print_info(f"wrote {png}", quiet=quiet)
@@ -141,7 +141,8 @@ def inspect_attention(
             elif output_format == "csv":
                 write_csv(view, count - 1, out, header=count == 1)
             else:
-                title = f"{kind}-attention, layer {layer}, head {head}" + (", words" if words else "") + " (weights x 100)"
+                source = "the trained aligner" if chosen.aligner else f"layer {layer}, head {head}"
+                title = f"{kind}-attention, {source}" + (", words" if words else "") + " (weights x 100)"
                 print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
             out.flush()  # each sentence is answered before the next is read (see read_pairs)
 

@@ -7,10 +7,13 @@ a leading '▁' on a piece, so piece spans and character offsets of the same sen
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 
 from tfm_cli.config import AlignmentConfig
+from tfm_cli.model import Transformer
+from tfm_cli.model.aligner import Aligner
 
 WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
 WORD_PATTERN = re.compile(r"[^ ]+")
@@ -84,6 +87,23 @@ def chosen_attention(cross_attention: list[torch.Tensor], alignment: AlignmentCo
     """
     weights = cross_attention[alignment.layer]  # (..., H, T, S)
     return weights.mean(dim=-3) if alignment.head is None else weights.select(-3, alignment.head)
+
+
+def aligning_attention(
+    model: Transformer, aligner: Aligner | None, alignment: AlignmentConfig, src: torch.Tensor, tgt_in: torch.Tensor
+) -> torch.Tensor:
+    """The attention word alignments read, from one teacher-forced pass: src (B, S) with EOS, tgt_in (B, T)
+    with BOS -> (B, T, S) float32 on the CPU. With `alignment.aligner`, the trained `aligner`'s
+    probabilities; otherwise the cross-attention `alignment` names (chosen_attention)."""
+    encoded = model.encode(src)
+    if alignment.aligner:
+        if aligner is None:
+            raise ValueError("alignment.aligner is set but no aligner was given")
+        decoded = model.decode(tgt_in, encoded, keep_states=True)
+        states = torch.cat(decoded.layer_states, dim=-1).float()  # (B, T, L * D)
+        return aligner(states, encoded.memory.float(), encoded.src_mask).exp().cpu()
+    decoded = model.decode(tgt_in, encoded, attention_layer=alignment.layer, full_context=alignment.full_context)
+    return chosen_attention([decoded.layer_cross_attention], replace(alignment, layer=0)).float().cpu()
 
 
 def piece_rows(attention: torch.Tensor, n_pieces: int, shift: bool) -> torch.Tensor:

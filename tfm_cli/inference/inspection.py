@@ -14,6 +14,7 @@ import torch
 
 from tfm_cli.inference.alignment import (
     Span,
+    aligning_attention,
     hard_alignment,
     piece_rows,
     merge_to_words,
@@ -25,6 +26,7 @@ from tfm_cli.checkpoint import LoadedModel
 from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
+from tfm_cli.model.aligner import Aligner
 from tfm_cli.model.attention import CrossAttention, SelfAttention
 from tfm_cli.inference.translation import BatchingConfig, search_batches
 from tfm_cli.textio import one_line
@@ -57,6 +59,17 @@ def attention_maps(model: Transformer, src_ids: list[int], tgt_ids: list[int], f
         decoder=[w[0].float().cpu() for w in decoded.self_attention],
         cross=[w[0].float().cpu() for w in decoded.cross_attention],
     )
+
+
+@torch.inference_mode()
+def aligner_matrix(model: Transformer, aligner: Aligner, src_ids: list[int], tgt_ids: list[int]) -> torch.Tensor:
+    """A trained aligner's attention for one pair, laid out as a cross-attention map: (T, S) with the
+    output EOS row and the source EOS column."""
+    config = model.config
+    device = next(model.parameters()).device
+    src = torch.tensor([src_ids + [config.eos_id]], device=device)  # (1, S)
+    tgt_in = torch.tensor([[config.bos_id] + tgt_ids], device=device)  # (1, T)
+    return aligning_attention(model, aligner, AlignmentConfig(aligner=True), src, tgt_in)[0]
 
 
 def resolve_index(index: int, count: int, option: str, unit: str) -> int:
@@ -142,8 +155,10 @@ def attention_view(
     shift: bool = False,
     null: bool = False,
     full_context: bool = False,
+    aligner: Aligner | None = None,
 ) -> AttentionView:
-    """The `kind` attention of one layer (one head, or the mean for head None), pieces or words.
+    """The `kind` attention of one layer (one head, or the mean for head None), pieces or words; with a
+    trained `aligner` (cross only), the aligner's attention instead of the layer's.
 
     For cross-attention the alignment takes, for each target row, the column with the largest
     weight; the last row and column are </s>, which never align (as fairseq's hard alignments).
@@ -152,7 +167,10 @@ def attention_view(
     with `full_context` the decoder pass lets every position see the whole target.
     The matrix shown stays the attention as computed.
     """
-    matrix = select_matrix(attention_maps(model, src_ids, tgt_ids, full_context), kind, layer, head)
+    if kind == "cross" and aligner is not None:
+        matrix = aligner_matrix(model, aligner, src_ids, tgt_ids)
+    else:
+        matrix = select_matrix(attention_maps(model, src_ids, tgt_ids, full_context), kind, layer, head)
     rows, columns = matrix_axes(kind, src_pieces, tgt_pieces)
     alignment = None
     if kind == "cross":
@@ -207,12 +225,13 @@ def make_example(loaded: LoadedModel, source: str, target: str | None, decode: D
 
 def example_view(
     loaded: LoadedModel, example: Example, kind: str, layer: int, head: int | None, words: bool, shift: bool = False,
-    null: bool = False, full_context: bool = False,
+    null: bool = False, full_context: bool = False, use_aligner: bool = False,
 ) -> AttentionView:
-    """The AttentionView (see attention_view) of one example under `loaded`'s model."""
+    """The AttentionView (see attention_view) of one example under `loaded`'s model (with `use_aligner`,
+    cross-attention is its trained aligner's)."""
     return attention_view(
         loaded.model, example.src_ids, example.tgt_ids, example.src_pieces, example.tgt_pieces, kind, layer, head, words,
-        shift, null, full_context,
+        shift, null, full_context, loaded.aligner if use_aligner else None,
     )
 
 
@@ -232,7 +251,7 @@ def intersected_alignment(
         [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
     )
     backward = example_view(reverse, swapped, "cross", alignment.layer, alignment.head, True, alignment.shift,
-                            alignment.null, alignment.full_context)
+                            alignment.null, alignment.full_context, alignment.aligner)
     n_src, n_tgt = len(backward.rows) - 1, len(backward.columns) - 1
     if (n_src, n_tgt) != (len(view.columns) - 1, len(view.rows) - 1):
         raise TfmError(

@@ -46,13 +46,14 @@ def resolve_alignment(
     """The alignment settings to use: each option the user gave over the model's (AlignmentConfig).
 
     `layer`, `shift` and `null` are None when not given; `head` counts only when `head_given` (None is then
-    a request for the mean over heads).
+    a request for the mean over heads). A layer or head asks for a cross-attention, so it also sets a
+    checkpoint's trained aligner aside.
     """
     resolved = model_alignment
     if layer is not None:
-        resolved = dataclasses.replace(resolved, layer=layer)
+        resolved = dataclasses.replace(resolved, layer=layer, aligner=False)
     if head_given:
-        resolved = dataclasses.replace(resolved, head=head)
+        resolved = dataclasses.replace(resolved, head=head, aligner=False)
     if shift is not None:
         resolved = dataclasses.replace(resolved, shift=shift)
     if null is not None:

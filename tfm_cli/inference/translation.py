@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tfm_cli.inference.alignment import (
-    chosen_attention,
+    aligning_attention,
     piece_rows,
     hard_alignment,
     merge_to_words,
@@ -254,9 +254,7 @@ class Translator:
         for row, (_, output) in enumerate(rows):
             tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
         src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
-        decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), need_weights=True,
-                                    full_context=self.alignment.full_context)
-        attention = chosen_attention(decoded.cross_attention, self.alignment).float().cpu()  # (R, T, S)
+        attention = aligning_attention(self.model, self.loaded.aligner, self.alignment, src, tgt_in.to(self.device))  # (R, T, S)
         skip = len(self.source_prefix)  # the prefix columns are no source words
         src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i][skip:]] for i in batch}
         for row, (i, output) in enumerate(rows):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,7 +20,7 @@ from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import (
     AlignmentPair,
     Span,
-    chosen_attention,
+    aligning_attention,
     hard_alignment,
     merge_to_words,
     null_weights,
@@ -175,11 +175,7 @@ class WordAligner:
             tgt_in = torch.full((len(batch), width), config.pad_id, dtype=torch.long)  # (B, T): [BOS] + ids, padded
             for row, i in enumerate(batch):
                 tgt_in[row, : len(encoded[i][2]) + 1] = torch.tensor([config.bos_id] + encoded[i][2], dtype=torch.long)
-            # Only the aligning layer computes attention weights; the others keep the fused kernel.
-            decoded = self.model.decode(tgt_in.to(self.device), self.model.encode(src), attention_layer=self.alignment.layer,
-                                        full_context=self.alignment.full_context)
-            attention = chosen_attention([decoded.layer_cross_attention], replace(self.alignment, layer=0))
-            attention = attention.float().cpu()  # (B, T, S)
+            attention = aligning_attention(self.model, self.loaded.aligner, self.alignment, src, tgt_in.to(self.device))
             for row, i in enumerate(batch):
                 src_ids, src_spans, tgt_ids, tgt_spans = encoded[i]
                 # Rows: the target pieces (the </s> row dropped); columns: the source pieces and EOS.

@@ -39,6 +39,7 @@ class Decoded:
     cross_attention: list[torch.Tensor] = field(default_factory=list)  # per layer (B, H, T, S), if asked
     # One layer's cross-attention (B, H, T, S), if asked by `attention_layer` (guided-alignment training).
     layer_cross_attention: torch.Tensor | None = None
+    layer_states: list[torch.Tensor] = field(default_factory=list)  # per layer its output (B, T, D), if asked
 
 
 @dataclass
@@ -167,7 +168,7 @@ class Transformer(nn.Module):
 
     def decode(
         self, tgt_in: torch.Tensor, encoded: Encoded, need_weights: bool = False, attention_layer: int | None = None,
-        full_context: bool = False,
+        full_context: bool = False, keep_states: bool = False,
     ) -> Decoded:
         """Teacher-forced decoding of a whole prefix. tgt_in: (B, T) int64, starting with BOS.
 
@@ -177,7 +178,8 @@ class Transformer(nn.Module):
         index) only that decoder layer's cross-attention, in `layer_cross_attention`: the other
         layers keep the fused kernel. `full_context` lets every position see the whole target
         (padding masked) instead of its prefix: Garg et al.'s full-context pass for alignments,
-        whose hidden states predict nothing.
+        whose hidden states predict nothing. `keep_states` returns every layer's output (what a
+        trained aligner reads, model/aligner.py).
         """
         memory_mask = encoded.src_mask[:, None, None, :]  # (B, 1, 1, S)
         target_mask = None
@@ -189,6 +191,7 @@ class Transformer(nn.Module):
         self_weights, cross_weights = [], []
         chosen = None if attention_layer is None else range(len(self.decoder_layers))[attention_layer]
         layer_cross_attention = None
+        layer_states = []
         for index, layer in enumerate(self.decoder_layers):
             x, layer_self, layer_cross = layer(
                 x, encoded.memory, memory_mask, need_weights=need_weights, need_cross_weights=index == chosen,
@@ -199,10 +202,12 @@ class Transformer(nn.Module):
                 cross_weights.append(layer_cross)
             if index == chosen:
                 layer_cross_attention = layer_cross
+            if keep_states:
+                layer_states.append(x)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return Decoded(hidden=x, self_attention=self_weights, cross_attention=cross_weights,
-                       layer_cross_attention=layer_cross_attention)
+                       layer_cross_attention=layer_cross_attention, layer_states=layer_states)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., D) -> logits (..., V) over the target vocabulary."""

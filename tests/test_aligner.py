@@ -1,0 +1,189 @@
+"""The trained word aligner (model/aligner.py) and `tfm train-aligner`: it learns given links from a
+frozen model's states, leaves the model untouched, and every alignment path reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import rewritten_checkpoint, run_cli, tiny_config
+
+from tfm_cli.checkpoint import load_model, read_checkpoint
+from tfm_cli.config import AlignmentConfig
+from tfm_cli.inference.alignment import aligning_attention
+from tfm_cli.model import Transformer
+from tfm_cli.model.aligner import ALIGNER_PREFIX, Aligner, aligner_shapes
+from tfm_cli.training.aligner_training import AlignerBatch, aligner_loss
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SIZES = ["--hidden", "64", "--dim", "32"]  # a small aligner for the tiny models
+
+
+@pytest.mark.unit
+def test_aligner_shapes_are_the_modules_parameters():
+    config = tiny_config(n_dec_layers=3)
+    aligner = Aligner(config, hidden=48, dim=24)
+    expected = {ALIGNER_PREFIX + name: tuple(param.shape) for name, param in aligner.named_parameters()}
+    assert aligner_shapes(config, 48, 24) == expected
+
+
+@pytest.mark.unit
+def test_decode_keeps_each_layers_output_as_the_layers_compute_it():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src, tgt_in = torch.randint(3, 40, (2, 5)), torch.randint(3, 40, (2, 4))
+    encoded = model.encode(src)
+    decoded = model.decode(tgt_in, encoded, keep_states=True)
+    x = model.embed(model.tgt_embed, tgt_in)
+    assert len(decoded.layer_states) == len(model.decoder_layers)
+    for layer, kept in zip(model.decoder_layers, decoded.layer_states):
+        x = layer(x, encoded.memory, encoded.src_mask[:, None, None, :])[0]
+        torch.testing.assert_close(kept, x)
+    torch.testing.assert_close(decoded.hidden, model.decode(tgt_in, encoded).hidden)
+
+
+@pytest.mark.unit
+def test_aligner_attention_is_a_distribution_over_the_real_source_positions():
+    torch.manual_seed(0)
+    config = tiny_config()
+    model, aligner = Transformer(config).eval(), Aligner(config, 16, 8).eval()
+    src = torch.tensor([[5, 6, 7, 2], [5, 2, 0, 0]])  # the second row padded (pad id 0, EOS 2)
+    tgt_in = torch.tensor([[1, 8, 9], [1, 8, 0]])
+    with torch.no_grad():
+        attention = aligning_attention(model, aligner, AlignmentConfig(aligner=True), src, tgt_in)  # (B, T, S)
+    assert attention.shape == (2, 3, 4)
+    torch.testing.assert_close(attention.sum(dim=-1), torch.ones(2, 3))
+    assert bool((attention[1, :, 2:] == 0).all()) and bool((attention[0] > 0).all())
+
+
+@pytest.mark.unit
+def test_aligner_loss_is_the_cross_entropy_against_the_reference():
+    torch.manual_seed(0)
+    config = tiny_config()
+    aligner = Aligner(config, 16, 8)
+    states, memory = torch.randn(1, 2, 2 * 32), torch.randn(1, 3, 32)
+    mask = torch.tensor([[True, True, False]])
+    reference = torch.tensor([[[0.0, 0.0, 0.0], [0.5, 0.5, 0.0]]])  # row 0 unsupervised
+    loss, rows = aligner_loss(aligner, AlignerBatch(states.half(), memory.half(), mask, reference))
+    log_probs = aligner(states.half().float(), memory.half().float(), mask)
+    assert rows == 1
+    torch.testing.assert_close(loss, -(0.5 * log_probs[0, 1, 0] + 0.5 * log_probs[0, 1, 1]))
+
+
+def gold_recovered(gold: Path, hypothesis: str) -> float:
+    """Fraction of the gold links (Pharaoh lines) that the hypothesis lines contain."""
+    gold_lines = [set(line.split()) for line in gold.read_text().splitlines()]
+    hypothesis_lines = [set(line.split()) for line in hypothesis.splitlines()]
+    assert len(gold_lines) == len(hypothesis_lines)
+    return sum(len(g & h) for g, h in zip(gold_lines, hypothesis_lines)) / sum(map(len, gold_lines))
+
+
+@pytest.fixture(scope="module")
+def trained_aligner(tmp_path_factory, random_checkpoint, synthetic) -> Path:
+    """The random tiny model plus an aligner trained on 1,000 synthetic training pairs and their gold links."""
+    folder = tmp_path_factory.mktemp("aligner")
+    for name in ("src", "tgt", "align"):
+        lines = synthetic[f"train.{name}"].read_text(encoding="utf-8").splitlines()[:1000]
+        (folder / f"train.{name}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    output = folder / "aligned.safetensors"
+    result = run_cli(["train-aligner", "-m", str(random_checkpoint), "--src", str(folder / "train.src"),
+                      "--tgt", str(folder / "train.tgt"), "--links", str(folder / "train.align"), "-o", str(output),
+                      "--epochs", "16", "--lr", "5e-3", *SIZES])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    return output
+
+
+def test_the_aligner_learns_links_the_models_attention_does_not_give(trained_aligner, random_checkpoint, synthetic):
+    # The model is untrained: its attention knows nothing of the synthetic pair's verb-final word order;
+    # the aligner learns it from the links and recovers most gold links of unseen test pairs.
+    common = ["--src", str(synthetic["test.src"]), "--tgt", str(synthetic["test.tgt"])]
+    learnt = run_cli(["align", "-m", str(trained_aligner), *common])
+    attention = run_cli(["align", "-m", str(random_checkpoint), *common])
+    assert learnt.exit_code == 0 and attention.exit_code == 0, learnt.stderr + attention.stderr
+    assert gold_recovered(synthetic["test.align"], learnt.stdout) >= 0.7  # 0.79 measured
+    assert gold_recovered(synthetic["test.align"], attention.stdout) < 0.5
+
+
+def test_the_written_checkpoint_is_the_model_unchanged_plus_the_aligner(trained_aligner, random_checkpoint):
+    before, after = read_checkpoint(random_checkpoint), read_checkpoint(trained_aligner)
+    assert before.weights.keys() == after.weights.keys()
+    assert all(torch.equal(before.weights[name], after.weights[name]) for name in before.weights)
+    assert set(after.aligner_weights) == set(aligner_shapes(after.config, 64, 32))
+    assert after.alignment["aligner"] is True and after.provenance["aligner"]["pairs"] == 1000
+    loaded = load_model(trained_aligner)
+    assert loaded.aligner is not None and loaded.alignment.aligner and loaded.alignment.shift and loaded.alignment.null
+    text = "the big dog sees a small cat\ntwo cats see the dog\n"
+    plain = run_cli(["translate", "-m", str(random_checkpoint), "--beam", "2"], input=text)
+    with_aligner = run_cli(["translate", "-m", str(trained_aligner), "--beam", "2"], input=text)
+    assert plain.exit_code == 0 and plain.stdout == with_aligner.stdout
+
+
+def test_translate_inspect_and_align_read_the_aligner_and_a_layer_flag_sets_it_aside(trained_aligner, synthetic):
+    sources = synthetic["test.src"].read_text().splitlines()[:4]
+    translated = run_cli(["translate", "-m", str(trained_aligner), "--alignment", "--beam", "1"],
+                         input="".join(line + "\n" for line in sources))
+    assert translated.exit_code == 0, translated.stderr
+    outputs = [line.split("\t") for line in translated.stdout.splitlines()]
+    pairs = "".join(f"{source} ||| {translation}\n" for source, (translation, _) in zip(sources, outputs))
+    aligned = run_cli(["align", "-m", str(trained_aligner)], input=pairs)
+    assert aligned.exit_code == 0 and aligned.stdout.splitlines() == [links for _, links in outputs]
+    for source, (translation, links) in zip(sources, outputs):
+        inspected = run_cli(["inspect-attention", "-m", str(trained_aligner), source, "--target", translation,
+                             "--words", "--format", "pharaoh"])
+        assert inspected.exit_code == 0 and inspected.stdout.strip() == links
+    by_layer = run_cli(["align", "-m", str(trained_aligner), "--align-layer", "-1"], input=pairs)
+    assert by_layer.exit_code == 0 and by_layer.stdout != aligned.stdout
+    record = json.loads(run_cli(["inspect-attention", "-m", str(trained_aligner), sources[0], "--format", "json"]).stdout)
+    assert record["head"] == "aligner"
+
+
+def test_averaging_drops_the_aligner(trained_aligner, tmp_path):
+    second = tmp_path / "second.safetensors"
+    second.write_bytes(trained_aligner.read_bytes())
+    averaged = tmp_path / "averaged.safetensors"
+    result = run_cli(["average", str(trained_aligner), str(second), "-o", str(averaged)])
+    assert result.exit_code == 0, result.stderr
+    checkpoint = read_checkpoint(averaged)
+    assert checkpoint.aligner_weights == {} and "aligner" not in checkpoint.alignment
+    assert load_model(averaged).aligner is None
+
+
+def test_aligner_tensors_without_settings_are_refused(trained_aligner, tmp_path):
+    def drop_settings(meta):
+        del meta["alignment"]
+
+    crafted = rewritten_checkpoint(trained_aligner, tmp_path / "crafted.safetensors", metadata=drop_settings)
+    result = run_cli(["align", "-m", str(crafted)], input="a ||| b\n")
+    assert result.exit_code == 1 and "aligner tensors" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "links, message",
+    [
+        ("0-0\n0-9\n", "train.align:2: link 0-9 is beyond the pair's words"),
+        ("0-0\n0-x\n", "train.align:2:"),
+        ("0-0\n", "line counts differ"),
+    ],
+)
+def test_bad_links_are_one_clear_line_and_write_nothing(random_checkpoint, tmp_path, links, message):
+    (tmp_path / "train.src").write_text("the dog\nthe big cat\n")
+    (tmp_path / "train.tgt").write_text("la hundo\nla kato granda\n")
+    (tmp_path / "train.align").write_text(links)
+    output = tmp_path / "out.safetensors"
+    result = run_cli(["train-aligner", "-m", str(random_checkpoint), "--src", str(tmp_path / "train.src"),
+                      "--tgt", str(tmp_path / "train.tgt"), "--links", str(tmp_path / "train.align"), "-o", str(output)])
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 2
+    assert not output.exists()
+
+
+def test_writing_over_the_model_is_refused(random_checkpoint, tmp_path):
+    (tmp_path / "a").write_text("the dog\n")
+    (tmp_path / "l").write_text("0-0\n")
+    result = run_cli(["train-aligner", "-m", str(random_checkpoint), "--src", str(tmp_path / "a"), "--tgt",
+                      str(tmp_path / "a"), "--links", str(tmp_path / "l"), "-o", str(random_checkpoint)])
+    assert result.exit_code == 1 and "the output is also the model" in result.stderr

@@ -1,0 +1,140 @@
+"""`tfm train-aligner`: give a model a trained word aligner, learnt from a statistical aligner's links."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import typer
+
+from tfm_cli.commands.options import apply_threads, device_option, threads_option
+from tfm_cli.console import print_info, stderr_console
+from tfm_cli.errors import TfmError
+
+EPILOG = (
+    "Examples:\n\n"
+    "  eflomal-align -s corpus.en -t corpus.fr -f fwd.align -r rev.align && "
+    "atools -i fwd.align -j rev.align -c grow-diag-final-and > corpus.align\n\n"
+    "  tfm train-aligner -m en-fr.safetensors --src corpus.en --tgt corpus.fr --links corpus.align -o en-fr.aligned.safetensors\n\n"
+    "  tfm align -m en-fr.aligned.safetensors --src corpus.en --tgt corpus.fr > tfm.align\n\n"
+    "The links are Pharaoh lines ('src-tgt' word indices; 'src?tgt' counts as a link), one per pair of the "
+    "whitespace-tokenized --src/--tgt lines. Train on the pairs you will align (as a statistical aligner "
+    "does): the aligner learns them, and generalises from the rest. The written checkpoint is the model "
+    "unchanged (it translates exactly as before) plus the aligner, which `tfm align`, `translate "
+    "--alignment` and `inspect-attention --format pharaoh` then use; --align-layer/--align-head set it aside."
+)
+
+
+def read_training_pairs(src: str, tgt: str, links: str) -> tuple[list, list]:
+    """The (source words, target words) pairs and their (src, tgt) links, one per line of three
+    line-parallel files; TfmError naming the file and line for a bad link or different line counts."""
+    from tfm_cli.inference.alignment import parse_pharaoh
+    from tfm_cli.textio import iter_lines
+
+    texts = [list(iter_lines(path)) for path in (src, tgt, links)]
+    counts = [len(lines) for lines in texts]
+    if len(set(counts)) > 1:
+        raise TfmError(
+            f"line counts differ: {src} has {counts[0]:,} lines, {tgt} {counts[1]:,} and {links} {counts[2]:,}; "
+            "--src, --tgt and --links must be line-parallel"
+        )
+    pairs, all_links = [], []
+    for number, (src_line, tgt_line, links_line) in enumerate(zip(*texts), start=1):
+        src_words, tgt_words = src_line.split(), tgt_line.split()
+        try:
+            pair_links = parse_pharaoh(links_line)
+        except ValueError as error:
+            raise TfmError(f"{links}:{number}: {error}; --links takes Pharaoh lines such as '0-0 1-2'") from None
+        for source, target in pair_links:
+            if source >= len(src_words) or target >= len(tgt_words):
+                raise TfmError(
+                    f"{links}:{number}: link {source}-{target} is beyond the pair's words ({len(src_words)} source, "
+                    f"{len(tgt_words)} target, 0-based); the links must be of the very --src/--tgt lines"
+                )
+        pairs.append((src_words, tgt_words))
+        all_links.append(pair_links)
+    return pairs, all_links
+
+
+def train_aligner(
+    ctx: typer.Context,
+    model: str = typer.Option(..., "-m", "--model", help="The source->target tfm checkpoint the aligner reads (it is not changed)."),
+    src: str = typer.Option(..., "--src", help="Source sentences, whitespace-tokenized, one per line."),
+    tgt: str = typer.Option(..., "--tgt", help="Target sentences, line-parallel to --src."),
+    links: str = typer.Option(..., "--links", help="Word links to learn (Pharaoh, one line per pair), e.g. eflomal's grow-diag-final-and."),
+    output: Path = typer.Option(..., "-o", "--output", help="The checkpoint to write: the model plus its aligner (atomically)."),
+    epochs: int = typer.Option(12, "--epochs", help="Passes over the pairs."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Sentence pairs per training batch."),
+    hidden: int = typer.Option(512, "--hidden", help="Width of the aligner's hidden layers."),
+    dim: int = typer.Option(256, "--dim", help="Width of the aligner's queries and keys."),
+    lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (Adam; warm-up over 10% of the steps, cosine decay)."),
+    seed: int = typer.Option(1, "--seed", help="Random seed (initialisation and batch order)."),
+    device: str = device_option(),
+    threads: int = threads_option(),
+    progress: bool = typer.Option(False, "--progress", help="Show progress bars even when stderr is not a terminal."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
+) -> None:
+    """Train a word aligner on top of a translation model, toward given word links.
+
+    The model is frozen: its states for each pair are computed once and the aligner (two small
+    networks and an attention over them) learns the links from them. Prints nothing on stdout.
+    """
+    import sys
+
+    from tfm_cli.checkpoint import loaded_model, read_checkpoint, write_checkpoint
+    from tfm_cli.devices import resolve_device
+    from tfm_cli.model.aligner import ALIGNER_PREFIX
+    from tfm_cli.textio import check_input_file, check_output_path
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig, prepare_batches
+    from tfm_cli.training.aligner_training import train_aligner as train
+
+    config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, lr=lr, seed=seed)
+    config.check()
+    for path in (model, src, tgt, links):
+        check_input_file(path)
+    check_output_path(output)
+    if output.exists() and output.resolve() == Path(model).resolve():
+        raise TfmError(f"{output}: the output is also the model; write the model with its aligner to another file")
+    apply_threads(ctx, threads)
+    started = time.perf_counter()
+    pairs, pair_links = read_training_pairs(src, tgt, links)
+    checkpoint = read_checkpoint(model)
+    loaded = loaded_model(model, checkpoint, resolve_device(device))
+    show_progress = not quiet and (progress or sys.stderr.isatty())
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=stderr_console(), transient=True, disable=not show_progress) as bar:
+        task = bar.add_task("the model's states", total=len(pairs))
+        prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n))
+        bar.remove_task(task)
+        print_info(
+            f"{prepared.used:,} of {len(pairs):,} pairs to learn from ({prepared.empty:,} with an empty side, "
+            f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer)",
+            quiet=quiet,
+        )
+        steps = bar.add_task("training the aligner", total=config.epochs * len(prepared.batches))
+        losses: list[float] = []
+
+        def on_step(epoch: int, loss: float) -> None:
+            losses.append(loss)
+            bar.update(steps, advance=1, description=f"training the aligner, epoch {epoch + 1}/{config.epochs}")
+
+        aligner = train(prepared.batches, loaded.config, config, on_step)
+    last_epoch = losses[-len(prepared.batches):]
+    alignment = dict(checkpoint.alignment)
+    alignment.update(aligner=True, aligner_hidden=hidden, aligner_dim=dim, shift=True, null=True)
+    provenance = dict(checkpoint.provenance)
+    provenance["aligner"] = {
+        "links": Path(links).name, "pairs": prepared.used, "epochs": epochs, "seed": seed,
+        "final_loss": round(sum(last_epoch) / len(last_epoch), 4),
+    }
+    weights = {ALIGNER_PREFIX + name: param.detach().cpu().contiguous() for name, param in aligner.named_parameters()}
+    write_checkpoint(output, dataclasses.replace(checkpoint, alignment=alignment, aligner_weights=weights, provenance=provenance))
+    print_info(
+        f"wrote {output}: the model and an aligner learnt from {prepared.used:,} pairs in {epochs} epochs "
+        f"(last epoch's loss {provenance['aligner']['final_loss']} per target token) in {time.perf_counter() - started:.0f} s",
+        quiet=quiet,
+    )

@@ -1,0 +1,188 @@
+"""Training a word aligner (model/aligner.py) for a frozen translation model, toward given word links
+(a statistical aligner's, e.g. eflomal's grow-diag-final-and) of the very pairs it will align.
+
+The model runs once over the pairs, teacher-forced, and what the aligner reads (every decoder layer's
+output and the encoder's output) is kept in memory as float16; the aligner then trains for several
+epochs on those states alone, which costs a fraction of a model pass per epoch. Its target is guided
+alignment's reference attention (training/guided_alignment.py) with shifted rows and a NULL word, so
+the aligner is read like a shifted, null-aware head. Never prints: progress goes through callbacks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.data import SpecialIds
+from tfm_cli.errors import TfmError
+from tfm_cli.inference.alignment import AlignmentPair
+from tfm_cli.inference.decoding import source_batch
+from tfm_cli.inference.word_alignment import WordAligner, WordPair
+from tfm_cli.config import AlignmentConfig
+from tfm_cli.inference.translation import BatchingConfig
+from tfm_cli.model.aligner import Aligner
+from tfm_cli.training.guided_alignment import PieceTable, real_tokens, reference_attention, word_index
+
+STATE_DTYPE = torch.float16  # kept states: half the memory of float32, far inside its range
+
+
+@dataclass(frozen=True)
+class AlignerTrainingConfig:
+    """How `tfm train-aligner` trains: epochs over the pairs, pairs per batch, the aligner's sizes, and
+    Adam's peak learning rate of a one-cycle schedule (10% warm-up, cosine down)."""
+
+    epochs: int = 12
+    batch_size: int = 64
+    hidden: int = 512
+    dim: int = 256
+    lr: float = 2e-3
+    seed: int = 1
+
+    def check(self) -> None:
+        """Raise TfmError for a setting out of range, naming its option."""
+        for name in ("epochs", "batch_size", "hidden", "dim"):
+            if getattr(self, name) < 1:
+                raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise TfmError(f"--lr must be positive, got {self.lr}")
+
+
+@dataclass
+class AlignerBatch:
+    """The frozen model's states for a batch of pairs, and the attention each decoder row should have."""
+
+    states: torch.Tensor  # (B, T, L * D) STATE_DTYPE: every decoder layer's output, concatenated
+    memory: torch.Tensor  # (B, S, D) STATE_DTYPE: the encoder's output
+    src_mask: torch.Tensor  # (B, S) bool, True at real source tokens
+    reference: torch.Tensor  # (B, T, S) float32, rows summing to 1 where supervised, 0 elsewhere
+
+
+@dataclass
+class PreparedPairs:
+    """Batches ready to train on, and what was left out (counts of input pairs)."""
+
+    batches: list[AlignerBatch] = field(default_factory=list)
+    used: int = 0
+    empty: int = 0  # a side without words
+    too_long: int = 0  # a side longer than the model's positions
+    resplit: int = 0  # the tokenizer made other words than the whitespace split (no links can be placed)
+
+
+@torch.no_grad()
+def prepare_batches(
+    loaded: LoadedModel, pairs: list[WordPair], links: list[list[AlignmentPair]], batch_size: int,
+    on_pairs: Callable[[int], None] | None = None,
+) -> PreparedPairs:
+    """Run the frozen model over `pairs` (words of each side) and build the batches the aligner trains on,
+    with `links[i]` (source word, target word) the reference of pair i. Pairs are sorted by length so a
+    batch pads little; `on_pairs(n)` is called as each batch's n pairs are done.
+    """
+    model, config = loaded.model, loaded.config
+    special = SpecialIds.of(config)
+    src_table, tgt_table = PieceTable.of(loaded.src_tokenizer), PieceTable.of(loaded.tgt_tokenizer)
+    encoder = WordAligner(loaded, AlignmentConfig(), BatchingConfig())
+    device = next(model.parameters()).device
+    prepared = PreparedPairs()
+    usable = []
+    for index, (src_words, tgt_words) in enumerate(pairs):
+        if not src_words or not tgt_words:
+            prepared.empty += 1
+        else:
+            usable.append(index)
+    usable.sort(key=lambda i: (len(pairs[i][0]) + len(pairs[i][1]), i))
+    for first in range(0, len(usable), batch_size):
+        rows = usable[first : first + batch_size]
+        encoded = encoder.encode([pairs[i] for i in rows])
+        kept = []
+        for i, (src_ids, _, tgt_ids, _) in zip(rows, encoded):
+            if max(len(src_ids), len(tgt_ids)) > encoder.max_ids:
+                prepared.too_long += 1
+            else:
+                kept.append((i, src_ids, tgt_ids))
+        if kept:
+            batch = model_states(loaded, kept, special, device)
+            src, tgt_out = batch.pop("src"), batch.pop("tgt_out")
+            words = word_index(src, real_tokens(src, special), src_table).amax(dim=1) + 1  # (B,)
+            tgt_words = word_index(tgt_out, real_tokens(tgt_out, special), tgt_table).amax(dim=1) + 1
+            same = [(int(words[k]), int(tgt_words[k])) == (len(pairs[i][0]), len(pairs[i][1])) for k, (i, _, _) in enumerate(kept)]
+            prepared.resplit += same.count(False)
+            row_links = [torch.tensor(links[i], dtype=torch.int64).view(-1, 2) if ok else torch.zeros(0, 2, dtype=torch.int64)
+                         for (i, _, _), ok in zip(kept, same)]
+            reference, _ = reference_attention(src, tgt_out, row_links, src_table, tgt_table, special, shift=True, null=True)
+            reference[~torch.tensor(same)] = 0.0  # a resplit pair's words are not its links' words
+            prepared.batches.append(AlignerBatch(reference=reference, **batch))
+            prepared.used += same.count(True)
+        if on_pairs is not None:
+            on_pairs(len(rows))
+    return prepared
+
+
+def model_states(
+    loaded: LoadedModel, kept: list[tuple[int, list[int], list[int]]], special: SpecialIds, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """One teacher-forced pass over `kept` (index, source ids, target ids): the aligner's inputs on the
+    CPU (states, memory, src_mask) and the batch's src (B, S) and tgt_out (B, T) ids."""
+    model, config = loaded.model, loaded.config
+    src = source_batch([src_ids for _, src_ids, _ in kept], config, "cpu")  # (B, S): ids + EOS, padded
+    width = max(len(tgt_ids) for _, _, tgt_ids in kept) + 1
+    tgt_in = torch.full((len(kept), width), special.pad_id, dtype=torch.long)  # (B, T): BOS + ids
+    tgt_out = torch.full((len(kept), width), special.pad_id, dtype=torch.long)  # (B, T): ids + EOS
+    for row, (_, _, tgt_ids) in enumerate(kept):
+        tgt_in[row, : len(tgt_ids) + 1] = torch.tensor([special.bos_id] + tgt_ids)
+        tgt_out[row, : len(tgt_ids) + 1] = torch.tensor(tgt_ids + [special.eos_id])
+    encoded = model.encode(src.to(device))
+    decoded = model.decode(tgt_in.to(device), encoded, keep_states=True)
+    return {
+        "states": torch.cat(decoded.layer_states, dim=-1).to("cpu", STATE_DTYPE),
+        "memory": encoded.memory.to("cpu", STATE_DTYPE),
+        "src_mask": encoded.src_mask.cpu(),
+        "src": src,
+        "tgt_out": tgt_out,
+    }
+
+
+def aligner_loss(aligner: Aligner, batch: AlignerBatch) -> tuple[torch.Tensor, int]:
+    """(cross-entropy of the aligner's attention against the batch's reference, summed over rows; rows
+    with a reference). The log-probability of a masked (padding) position is never multiplied in."""
+    log_probs = aligner(batch.states.float(), batch.memory.float(), batch.src_mask)  # (B, T, S)
+    supervised = batch.reference > 0
+    loss = -(batch.reference[supervised] * log_probs[supervised]).sum()
+    return loss, int((batch.reference.sum(dim=-1) > 0).sum())
+
+
+def train_aligner(
+    batches: list[AlignerBatch], model_config, config: AlignerTrainingConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Aligner:
+    """Train a fresh Aligner on `batches` for config.epochs (batch order shuffled each epoch, seeded);
+    `on_step(epoch, mean loss per supervised row)` after every batch. Returns the aligner in eval mode."""
+    if not batches:
+        raise TfmError("no pair to train the aligner on: every pair was empty, too long, or split into other words")
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    aligner = Aligner(model_config, config.hidden, config.dim)
+    optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
+    total_steps = config.epochs * len(batches)
+    warmup = max(1, total_steps // 10)
+
+    def rate(step: int) -> float:  # one cycle: linear warm-up, then cosine to zero
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    aligner.train()
+    for epoch in range(config.epochs):
+        for index in torch.randperm(len(batches), generator=generator).tolist():
+            loss, rows = aligner_loss(aligner, batches[index])
+            optimizer.zero_grad()
+            (loss / max(rows, 1)).backward()
+            optimizer.step()
+            schedule.step()
+            if on_step is not None:
+                on_step(epoch, float(loss.detach()) / max(rows, 1))
+    return aligner.eval()
