@@ -187,3 +187,12 @@ def test_writing_over_the_model_is_refused(random_checkpoint, tmp_path):
     result = run_cli(["train-aligner", "-m", str(random_checkpoint), "--src", str(tmp_path / "a"), "--tgt",
                       str(tmp_path / "a"), "--links", str(tmp_path / "l"), "-o", str(random_checkpoint)])
     assert result.exit_code == 1 and "the output is also the model" in result.stderr
+
+
+def test_states_beyond_the_memory_limit_stop_the_command_with_one_line(random_checkpoint, synthetic, tmp_path):
+    output = tmp_path / "out.safetensors"
+    result = run_cli(["train-aligner", "-m", str(random_checkpoint), "--src", str(synthetic["train.src"]),
+                      "--tgt", str(synthetic["train.tgt"]), "--links", str(synthetic["train.align"]), "-o", str(output),
+                      "--max-memory", "0.0001"])
+    assert result.exit_code == 1 and "raise --max-memory" in result.stderr and "Traceback" not in result.stderr
+    assert not output.exists()

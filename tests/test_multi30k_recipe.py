@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,10 @@ def test_run_sh_goes_end_to_end_on_a_small_corpus(small_multi30k, tmp_path):
     assert "| update | epoch |" in result.stderr and "| 10 |" in result.stderr  # the validation curve
     assert (run / "average.safetensors").is_file()
     assert len(list((run / "train").glob("checkpoint_0*.safetensors"))) == 5
+    if shutil.which("eflomal-align", path=script_env()["PATH"]):  # the aligners extra: the aligner is on
+        assert (run / "aligned.safetensors").is_file()
+    else:
+        assert "no aligner: eflomal-align is not installed" in result.stderr
 
 
 def test_run_sh_wants_a_direction():

@@ -70,6 +70,7 @@ def train_aligner(
     dim: int = typer.Option(256, "--dim", help="Width of the aligner's queries and keys."),
     lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (Adam; warm-up over 10% of the steps, cosine decay)."),
     seed: int = typer.Option(1, "--seed", help="Random seed (initialisation and batch order)."),
+    max_memory: float = typer.Option(8.0, "--max-memory", help="GiB the model's states may take in memory before the command stops (says so before using more)."),
     device: str = device_option(),
     threads: int = threads_option(),
     progress: bool = typer.Option(False, "--progress", help="Show progress bars even when stderr is not a terminal."),
@@ -91,6 +92,8 @@ def train_aligner(
 
     config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, lr=lr, seed=seed)
     config.check()
+    if not max_memory > 0:
+        raise TfmError(f"--max-memory must be positive (GiB), got {max_memory}")
     for path in (model, src, tgt, links):
         check_input_file(path)
     check_output_path(output)
@@ -108,11 +111,13 @@ def train_aligner(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=stderr_console(), transient=True, disable=not show_progress) as bar:
         task = bar.add_task("the model's states", total=len(pairs))
-        prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n))
+        prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n),
+                                   max_bytes=int(max_memory * 2**30))
         bar.remove_task(task)
         print_info(
             f"{prepared.used:,} of {len(pairs):,} pairs to learn from ({prepared.empty:,} with an empty side, "
-            f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer)",
+            f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer); "
+            f"their states take {prepared.bytes / 2**30:.2f} GiB",
             quiet=quiet,
         )
         steps = bar.add_task("training the aligner", total=config.epochs * len(prepared.batches))

@@ -70,16 +70,18 @@ class PreparedPairs:
     empty: int = 0  # a side without words
     too_long: int = 0  # a side longer than the model's positions
     resplit: int = 0  # the tokenizer made other words than the whitespace split (no links can be placed)
+    bytes: int = 0  # memory the batches take
 
 
 @torch.no_grad()
 def prepare_batches(
     loaded: LoadedModel, pairs: list[WordPair], links: list[list[AlignmentPair]], batch_size: int,
-    on_pairs: Callable[[int], None] | None = None,
+    on_pairs: Callable[[int], None] | None = None, max_bytes: int | None = None,
 ) -> PreparedPairs:
     """Run the frozen model over `pairs` (words of each side) and build the batches the aligner trains on,
     with `links[i]` (source word, target word) the reference of pair i. Pairs are sorted by length so a
-    batch pads little; `on_pairs(n)` is called as each batch's n pairs are done.
+    batch pads little; `on_pairs(n)` is called as each batch's n pairs are done. Raises TfmError as soon
+    as the kept batches take more than `max_bytes` (None: no limit).
     """
     model, config = loaded.model, loaded.config
     special = SpecialIds.of(config)
@@ -116,6 +118,13 @@ def prepare_batches(
             reference[~torch.tensor(same)] = 0.0  # a resplit pair's words are not its links' words
             prepared.batches.append(AlignerBatch(reference=reference, **batch))
             prepared.used += same.count(True)
+            prepared.bytes += sum(t.numel() * t.element_size() for t in (reference, *batch.values()))
+            if max_bytes is not None and prepared.bytes > max_bytes:
+                raise TfmError(
+                    f"the model's states for the first {first + len(rows):,} of {len(usable):,} pairs "
+                    f"already take {prepared.bytes / 2**30:.1f} GiB (--max-memory {max_bytes / 2**30:g}); train the "
+                    "aligner on fewer pairs (those you align, plus a sample of the rest) or raise --max-memory"
+                )
         if on_pairs is not None:
             on_pairs(len(rows))
     return prepared
