@@ -196,3 +196,18 @@ def test_states_beyond_the_memory_limit_stop_the_command_with_one_line(random_ch
                       "--max-memory", "0.0001"])
     assert result.exit_code == 1 and "raise --max-memory" in result.stderr and "Traceback" not in result.stderr
     assert not output.exists()
+
+
+def test_a_pair_given_k_times_is_kept_once_and_trained_k_times_an_epoch(random_checkpoint):
+    from tfm_cli.training.aligner_training import prepare_batches
+
+    first = ("the dog".split(), "la hundo".split())
+    second = ("the big cat".split(), "la kato granda".split())
+    pairs = [first, second, first, first, ([], ["x"])]
+    links = [[(0, 0), (1, 1)], [(0, 0), (1, 2), (2, 1)], [(0, 0), (1, 1)], [(0, 0), (1, 1)], []]
+    prepared = prepare_batches(load_model(random_checkpoint), pairs, links, batch_size=8)
+    assert sorted((batch.states.size(0), batch.repeat) for batch in prepared.batches) == [(1, 1), (1, 3)]
+    assert prepared.used == 4 and prepared.empty == 1
+    # The same words with other links are another pair.
+    prepared = prepare_batches(load_model(random_checkpoint), [first, first], [[(0, 0)], [(1, 1)]], batch_size=8)
+    assert [(batch.states.size(0), batch.repeat) for batch in prepared.batches] == [(2, 1)]

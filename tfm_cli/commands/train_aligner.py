@@ -120,7 +120,8 @@ def train_aligner(
             f"their states take {prepared.bytes / 2**30:.2f} GiB",
             quiet=quiet,
         )
-        steps = bar.add_task("training the aligner", total=config.epochs * len(prepared.batches))
+        steps_per_epoch = sum(batch.repeat for batch in prepared.batches)
+        steps = bar.add_task("training the aligner", total=config.epochs * steps_per_epoch)
         losses: list[float] = []
 
         def on_step(epoch: int, loss: float) -> None:
@@ -128,7 +129,7 @@ def train_aligner(
             bar.update(steps, advance=1, description=f"training the aligner, epoch {epoch + 1}/{config.epochs}")
 
         aligner = train(prepared.batches, loaded.config, config, on_step)
-    last_epoch = losses[-len(prepared.batches):]
+    last_epoch = losses[-steps_per_epoch:]
     alignment = dict(checkpoint.alignment)
     alignment.update(aligner=True, aligner_hidden=hidden, aligner_dim=dim, shift=True, null=True)
     provenance = dict(checkpoint.provenance)

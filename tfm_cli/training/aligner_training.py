@@ -59,6 +59,7 @@ class AlignerBatch:
     memory: torch.Tensor  # (B, S, D) STATE_DTYPE: the encoder's output
     src_mask: torch.Tensor  # (B, S) bool, True at real source tokens
     reference: torch.Tensor  # (B, T, S) float32, rows summing to 1 where supervised, 0 elsewhere
+    repeat: int = 1  # times an epoch this batch is trained (its pairs were given that many times)
 
 
 @dataclass
@@ -79,9 +80,11 @@ def prepare_batches(
     on_pairs: Callable[[int], None] | None = None, max_bytes: int | None = None,
 ) -> PreparedPairs:
     """Run the frozen model over `pairs` (words of each side) and build the batches the aligner trains on,
-    with `links[i]` (source word, target word) the reference of pair i. Pairs are sorted by length so a
-    batch pads little; `on_pairs(n)` is called as each batch's n pairs are done. Raises TfmError as soon
-    as the kept batches take more than `max_bytes` (None: no limit).
+    with `links[i]` (source word, target word) the reference of pair i. A pair given k times (same words,
+    same links) is kept once, in batches of pairs given as often, and those batches are trained k times
+    an epoch (AlignerBatch.repeat): a weight without duplicates inside a batch. Within that, pairs are
+    sorted by length so a batch pads little. `on_pairs(n)` is called as n input pairs are done. Raises
+    TfmError as soon as the kept batches take more than `max_bytes` (None: no limit).
     """
     model, config = loaded.model, loaded.config
     special = SpecialIds.of(config)
@@ -89,20 +92,27 @@ def prepare_batches(
     encoder = WordAligner(loaded, AlignmentConfig(), BatchingConfig())
     device = next(model.parameters()).device
     prepared = PreparedPairs()
-    usable = []
+    counts: dict[tuple, int] = {}  # (source words, target words, links) -> times given
+    first_index: dict[tuple, int] = {}
     for index, (src_words, tgt_words) in enumerate(pairs):
         if not src_words or not tgt_words:
             prepared.empty += 1
-        else:
-            usable.append(index)
-    usable.sort(key=lambda i: (len(pairs[i][0]) + len(pairs[i][1]), i))
-    for first in range(0, len(usable), batch_size):
-        rows = usable[first : first + batch_size]
+            continue
+        key = (tuple(src_words), tuple(tgt_words), tuple(links[index]))
+        counts[key] = counts.get(key, 0) + 1
+        first_index.setdefault(key, index)
+    times = {first_index[key]: count for key, count in counts.items()}
+    usable = sorted(times, key=lambda i: (times[i], len(pairs[i][0]) + len(pairs[i][1]), i))
+    batches = []  # (pair indices, times given): no batch mixes pairs given a different number of times
+    for count in sorted(set(times.values())):
+        group = [i for i in usable if times[i] == count]
+        batches += [(group[start : start + batch_size], count) for start in range(0, len(group), batch_size)]
+    for rows, repeat in batches:
         encoded = encoder.encode([pairs[i] for i in rows])
         kept = []
         for i, (src_ids, _, tgt_ids, _) in zip(rows, encoded):
             if max(len(src_ids), len(tgt_ids)) > encoder.max_ids:
-                prepared.too_long += 1
+                prepared.too_long += repeat
             else:
                 kept.append((i, src_ids, tgt_ids))
         if kept:
@@ -111,22 +121,22 @@ def prepare_batches(
             words = word_index(src, real_tokens(src, special), src_table).amax(dim=1) + 1  # (B,)
             tgt_words = word_index(tgt_out, real_tokens(tgt_out, special), tgt_table).amax(dim=1) + 1
             same = [(int(words[k]), int(tgt_words[k])) == (len(pairs[i][0]), len(pairs[i][1])) for k, (i, _, _) in enumerate(kept)]
-            prepared.resplit += same.count(False)
+            prepared.resplit += same.count(False) * repeat
             row_links = [torch.tensor(links[i], dtype=torch.int64).view(-1, 2) if ok else torch.zeros(0, 2, dtype=torch.int64)
                          for (i, _, _), ok in zip(kept, same)]
             reference, _ = reference_attention(src, tgt_out, row_links, src_table, tgt_table, special, shift=True, null=True)
             reference[~torch.tensor(same)] = 0.0  # a resplit pair's words are not its links' words
-            prepared.batches.append(AlignerBatch(reference=reference, **batch))
-            prepared.used += same.count(True)
+            prepared.batches.append(AlignerBatch(reference=reference, repeat=repeat, **batch))
+            prepared.used += same.count(True) * repeat
             prepared.bytes += sum(t.numel() * t.element_size() for t in (reference, *batch.values()))
             if max_bytes is not None and prepared.bytes > max_bytes:
                 raise TfmError(
-                    f"the model's states for the first {first + len(rows):,} of {len(usable):,} pairs "
+                    f"the model's states for {len(prepared.batches):,} of {len(batches):,} batches "
                     f"already take {prepared.bytes / 2**30:.1f} GiB (--max-memory {max_bytes / 2**30:g}); train the "
                     "aligner on fewer pairs (those you align, plus a sample of the rest) or raise --max-memory"
                 )
         if on_pairs is not None:
-            on_pairs(len(rows))
+            on_pairs(len(rows) * repeat)
     return prepared
 
 
@@ -175,7 +185,8 @@ def train_aligner(
     torch.manual_seed(config.seed)
     aligner = Aligner(model_config, config.hidden, config.dim)
     optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
-    total_steps = config.epochs * len(batches)
+    plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
+    total_steps = config.epochs * len(plan)
     warmup = max(1, total_steps // 10)
 
     def rate(step: int) -> float:  # one cycle: linear warm-up, then cosine to zero
@@ -186,8 +197,8 @@ def train_aligner(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     aligner.train()
     for epoch in range(config.epochs):
-        for index in torch.randperm(len(batches), generator=generator).tolist():
-            loss, rows = aligner_loss(aligner, batches[index])
+        for position in torch.randperm(len(plan), generator=generator).tolist():
+            loss, rows = aligner_loss(aligner, batches[plan[position]])
             optimizer.zero_grad()
             (loss / max(rows, 1)).backward()
             optimizer.step()
