@@ -174,6 +174,11 @@ class Trainer:
 
     # -- saving ----------------------------------------------------------------------------------
 
+    def head_settings(self) -> dict[str, Any]:
+        """The supervised head as checkpoint alignment settings (AlignmentConfig fields; a trained
+        aligner's fields left out: a guided run has none)."""
+        return {key: value for key, value in asdict(self.alignment).items() if not key.startswith("aligner")}
+
     def provenance(self) -> dict[str, Any]:
         """What every checkpoint records about how it was made."""
         valid = None
@@ -202,7 +207,7 @@ class Trainer:
         decode_defaults = {**(self.init.decode_defaults if self.init is not None else {}), **self.recipe.decode}
         checkpoint = make_checkpoint(
             self.model_config, model_weights(self.model), self.data.src_tokenizer, self.data.tgt_tokenizer,
-            self.provenance(), decode_defaults, alignment=None if self.alignment is None else asdict(self.alignment),
+            self.provenance(), decode_defaults, alignment=None if self.alignment is None else self.head_settings(),
         )
         return encode_checkpoint(checkpoint)
 
