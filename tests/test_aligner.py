@@ -211,3 +211,27 @@ def test_a_pair_given_k_times_is_kept_once_and_trained_k_times_an_epoch(random_c
     # The same words with other links are another pair.
     prepared = prepare_batches(load_model(random_checkpoint), [first, first], [[(0, 0)], [(1, 1)]], batch_size=8)
     assert [(batch.states.size(0), batch.repeat) for batch in prepared.batches] == [(2, 1)]
+
+
+@pytest.mark.unit
+def test_a_small_batch_trained_often_weighs_as_its_rows_not_as_a_full_step_each_time():
+    """32 rows linked to source 0 in one batch, and one row linked to source 1 in a batch trained 32
+    times an epoch: both links weigh 32 rows, so the aligner ends between them, not on the small batch's."""
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig, train_aligner
+
+    config = tiny_config()
+    torch.manual_seed(0)
+    states, memory = torch.randn(1, 1, config.n_dec_layers * 32), torch.randn(1, 2, 32)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+
+    def batch(rows: int, column: int, repeat: int) -> AlignerBatch:
+        reference = torch.zeros(rows, 1, 2)
+        reference[:, 0, column] = 1.0
+        return AlignerBatch(states.expand(rows, -1, -1).half(), memory.expand(rows, -1, -1).half(),
+                            mask.expand(rows, -1), reference, repeat=repeat)
+
+    aligner = train_aligner([batch(32, 0, 1), batch(1, 1, 32)], config,
+                            AlignerTrainingConfig(epochs=4, hidden=16, dim=8, lr=1e-2))
+    with torch.no_grad():
+        to_second = aligner(states, memory, mask).exp()[0, 0, 1].item()
+    assert 0.25 < to_second < 0.75

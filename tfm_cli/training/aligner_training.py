@@ -170,7 +170,12 @@ def aligner_loss(aligner: Aligner, batch: AlignerBatch) -> tuple[torch.Tensor, i
     log_probs = aligner(batch.states.float(), batch.memory.float(), batch.src_mask)  # (B, T, S)
     supervised = batch.reference > 0
     loss = -(batch.reference[supervised] * log_probs[supervised]).sum()
-    return loss, int((batch.reference.sum(dim=-1) > 0).sum())
+    return loss, supervised_rows(batch)
+
+
+def supervised_rows(batch: AlignerBatch) -> int:
+    """The number of decoder rows of `batch` that have a reference (the rest are padding or unlinked)."""
+    return int((batch.reference.sum(dim=-1) > 0).sum())
 
 
 def train_aligner(
@@ -178,7 +183,13 @@ def train_aligner(
     on_step: Callable[[int, float], None] | None = None,
 ) -> Aligner:
     """Train a fresh Aligner on `batches` for config.epochs (batch order shuffled each epoch, seeded);
-    `on_step(epoch, mean loss per supervised row)` after every batch. Returns the aligner in eval mode."""
+    `on_step(epoch, mean loss per supervised row)` after every batch. Returns the aligner in eval mode.
+
+    A step's loss is its rows' summed loss over the mean number of supervised rows in a step, not over
+    its own rows: Adam makes every step about the same size whatever its loss's scale, so a batch of
+    one pair given 40 times, divided by its own rows, would take 40 full steps an epoch on one sentence
+    and throw the aligner off. Divided by the mean, a small batch moves it as little as its rows weigh.
+    """
     if not batches:
         raise TfmError("no pair to train the aligner on: every pair was empty, too long, or split into other words")
     generator = torch.Generator().manual_seed(config.seed)
@@ -186,6 +197,7 @@ def train_aligner(
     aligner = Aligner(model_config, config.hidden, config.dim)
     optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
     plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
+    rows_per_step = sum(supervised_rows(batches[index]) for index in plan) / len(plan)
     total_steps = config.epochs * len(plan)
     warmup = max(1, total_steps // 10)
 
@@ -200,7 +212,7 @@ def train_aligner(
         for position in torch.randperm(len(plan), generator=generator).tolist():
             loss, rows = aligner_loss(aligner, batches[plan[position]])
             optimizer.zero_grad()
-            (loss / max(rows, 1)).backward()
+            (loss / max(rows_per_step, 1.0)).backward()
             optimizer.step()
             schedule.step()
             if on_step is not None:
