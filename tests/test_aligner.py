@@ -23,11 +23,12 @@ SIZES = ["--hidden", "64", "--dim", "32"]  # a small aligner for the tiny models
 
 
 @pytest.mark.unit
-def test_aligner_shapes_are_the_modules_parameters():
+@pytest.mark.parametrize("context", [False, True])
+def test_aligner_shapes_are_the_modules_parameters(context):
     config = tiny_config(n_dec_layers=3)
-    aligner = Aligner(config, hidden=48, dim=24)
+    aligner = Aligner(config, hidden=48, dim=24, context=context)
     expected = {ALIGNER_PREFIX + name: tuple(param.shape) for name, param in aligner.named_parameters()}
-    assert aligner_shapes(config, 48, 24) == expected
+    assert aligner_shapes(config, 48, 24, context) == expected
 
 
 @pytest.mark.unit
@@ -46,17 +47,38 @@ def test_decode_keeps_each_layers_output_as_the_layers_compute_it():
 
 
 @pytest.mark.unit
-def test_aligner_attention_is_a_distribution_over_the_real_source_positions():
+@pytest.mark.parametrize("context", [False, True])
+def test_aligner_attention_is_a_distribution_over_the_real_source_positions(context):
     torch.manual_seed(0)
     config = tiny_config()
-    model, aligner = Transformer(config).eval(), Aligner(config, 16, 8).eval()
+    model, aligner = Transformer(config).eval(), Aligner(config, 16, 8, context).eval()
     src = torch.tensor([[5, 6, 7, 2], [5, 2, 0, 0]])  # the second row padded (pad id 0, EOS 2)
     tgt_in = torch.tensor([[1, 8, 9], [1, 8, 0]])
     with torch.no_grad():
         attention = aligning_attention(model, aligner, AlignmentConfig(aligner=True), src, tgt_in)  # (B, T, S)
+        alone = aligning_attention(model, aligner, AlignmentConfig(aligner=True), src[1:, :2], tgt_in[1:, :2])
     assert attention.shape == (2, 3, 4)
     torch.testing.assert_close(attention.sum(dim=-1), torch.ones(2, 3))
     assert bool((attention[1, :, 2:] == 0).all()) and bool((attention[0] > 0).all())
+    # Padding changes nothing on either side: the padded pair aligns as it does alone.
+    torch.testing.assert_close(attention[1, :2, :2], alone[0])
+
+
+@pytest.mark.unit
+def test_the_target_context_lets_a_position_see_the_positions_after_it():
+    torch.manual_seed(0)
+    config = tiny_config()
+    aligner = Aligner(config, 16, 8, context=True).eval()
+    states, memory = torch.randn(1, 3, 2 * 32), torch.randn(1, 4, 32)
+    src_mask, tgt_mask = torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool)
+    changed = states.clone()
+    changed[0, 2] += 1.0  # only the last target position
+    with torch.no_grad():
+        before, after = aligner(states, memory, src_mask, tgt_mask), aligner(changed, memory, src_mask, tgt_mask)
+        causal = Aligner(config, 16, 8, context=False).eval()
+        same = causal(states, memory, src_mask, tgt_mask)[0, 0], causal(changed, memory, src_mask, tgt_mask)[0, 0]
+    assert not torch.allclose(before[0, 0], after[0, 0])
+    torch.testing.assert_close(*same)
 
 
 @pytest.mark.unit
@@ -65,10 +87,10 @@ def test_aligner_loss_is_the_cross_entropy_against_the_reference():
     config = tiny_config()
     aligner = Aligner(config, 16, 8)
     states, memory = torch.randn(1, 2, 2 * 32), torch.randn(1, 3, 32)
-    mask = torch.tensor([[True, True, False]])
+    mask, tgt_mask = torch.tensor([[True, True, False]]), torch.tensor([[True, True]])
     reference = torch.tensor([[[0.0, 0.0, 0.0], [0.5, 0.5, 0.0]]])  # row 0 unsupervised
-    loss, rows = aligner_loss(aligner, AlignerBatch(states.half(), memory.half(), mask, reference))
-    log_probs = aligner(states.half().float(), memory.half().float(), mask)
+    loss, rows = aligner_loss(aligner, AlignerBatch(states.half(), memory.half(), mask, tgt_mask, reference))
+    log_probs = aligner(states.half().float(), memory.half().float(), mask, tgt_mask)
     assert rows == 1
     torch.testing.assert_close(loss, -(0.5 * log_probs[0, 1, 0] + 0.5 * log_probs[0, 1, 1]))
 
@@ -112,7 +134,7 @@ def test_the_written_checkpoint_is_the_model_unchanged_plus_the_aligner(trained_
     before, after = read_checkpoint(random_checkpoint), read_checkpoint(trained_aligner)
     assert before.weights.keys() == after.weights.keys()
     assert all(torch.equal(before.weights[name], after.weights[name]) for name in before.weights)
-    assert set(after.aligner_weights) == set(aligner_shapes(after.config, 64, 32))
+    assert set(after.aligner_weights) == set(aligner_shapes(after.config, 64, 32, context=True))
     assert after.alignment["aligner"] is True and after.provenance["aligner"]["pairs"] == 1000
     loaded = load_model(trained_aligner)
     assert loaded.aligner is not None and loaded.alignment.aligner and loaded.alignment.shift and loaded.alignment.null
@@ -120,6 +142,25 @@ def test_the_written_checkpoint_is_the_model_unchanged_plus_the_aligner(trained_
     plain = run_cli(["translate", "-m", str(random_checkpoint), "--beam", "2"], input=text)
     with_aligner = run_cli(["translate", "-m", str(trained_aligner), "--beam", "2"], input=text)
     assert plain.exit_code == 0 and plain.stdout == with_aligner.stdout
+
+
+def aligner_links_of_pieces(checkpoint: Path, source: str, pieces: list[str]) -> str:
+    """The Pharaoh links the checkpoint's aligner gives `source` and the target `pieces`, built from the
+    alignment primitives: shifted rows, words from '▁' pieces, NULL when </s> outweighs every word."""
+    from tfm_cli.inference.alignment import hard_alignment, merge_to_words, null_weights, pharaoh, piece_rows, word_spans
+
+    loaded = load_model(checkpoint)
+    config, src_tokenizer, tgt_tokenizer = loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer
+    src_ids = src_tokenizer.encode_ids(source)
+    src = torch.tensor([src_ids + [config.eos_id]])
+    tgt_in = torch.tensor([[config.bos_id] + [tgt_tokenizer.piece_to_id(piece) for piece in pieces]])
+    with torch.no_grad():
+        attention = aligning_attention(loaded.model, loaded.aligner, loaded.alignment, src, tgt_in)[0]
+    matrix = piece_rows(attention, len(pieces), shift=True)
+    tgt_spans = word_spans(pieces)
+    src_spans = word_spans([src_tokenizer.id_to_piece(i) for i in src_ids])
+    words = merge_to_words(matrix, tgt_spans, src_spans)
+    return pharaoh(hard_alignment(words, null_weights(matrix, tgt_spans, matrix.size(1) - 1)))
 
 
 def test_translate_inspect_and_align_read_the_aligner_and_a_layer_flag_sets_it_aside(trained_aligner, synthetic):
@@ -130,11 +171,17 @@ def test_translate_inspect_and_align_read_the_aligner_and_a_layer_flag_sets_it_a
     outputs = [line.split("\t") for line in translated.stdout.splitlines()]
     pairs = "".join(f"{source} ||| {translation}\n" for source, (translation, _) in zip(sources, outputs))
     aligned = run_cli(["align", "-m", str(trained_aligner)], input=pairs)
-    assert aligned.exit_code == 0 and aligned.stdout.splitlines() == [links for _, links in outputs]
-    for source, (translation, links) in zip(sources, outputs):
+    assert aligned.exit_code == 0
+    # align and inspect-attention encode the given words; translate aligns the pieces it chose (an
+    # untrained model's pieces are not the words' own, and the aligner sees the whole target).
+    as_json = run_cli(["translate", "-m", str(trained_aligner), "--json", "--beam", "1"],
+                      input="".join(line + "\n" for line in sources))
+    chosen = [json.loads(line)["tokens"] for line in as_json.stdout.splitlines()]
+    for source, (translation, links), aligned_links, pieces in zip(sources, outputs, aligned.stdout.splitlines(), chosen):
         inspected = run_cli(["inspect-attention", "-m", str(trained_aligner), source, "--target", translation,
                              "--words", "--format", "pharaoh"])
-        assert inspected.exit_code == 0 and inspected.stdout.strip() == links
+        assert inspected.exit_code == 0 and inspected.stdout.strip() == aligned_links
+        assert links == aligner_links_of_pieces(trained_aligner, source, pieces)
     by_layer = run_cli(["align", "-m", str(trained_aligner), "--align-layer", "-1"], input=pairs)
     assert by_layer.exit_code == 0 and by_layer.stdout != aligned.stdout
     record = json.loads(run_cli(["inspect-attention", "-m", str(trained_aligner), sources[0], "--format", "json"]).stdout)
@@ -222,16 +269,16 @@ def test_a_small_batch_trained_often_weighs_as_its_rows_not_as_a_full_step_each_
     config = tiny_config()
     torch.manual_seed(0)
     states, memory = torch.randn(1, 1, config.n_dec_layers * 32), torch.randn(1, 2, 32)
-    mask = torch.ones(1, 2, dtype=torch.bool)
+    mask, tgt_mask = torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool)
 
     def batch(rows: int, column: int, repeat: int) -> AlignerBatch:
         reference = torch.zeros(rows, 1, 2)
         reference[:, 0, column] = 1.0
         return AlignerBatch(states.expand(rows, -1, -1).half(), memory.expand(rows, -1, -1).half(),
-                            mask.expand(rows, -1), reference, repeat=repeat)
+                            mask.expand(rows, -1), tgt_mask.expand(rows, -1), reference, repeat=repeat)
 
     aligner = train_aligner([batch(32, 0, 1), batch(1, 1, 32)], config,
-                            AlignerTrainingConfig(epochs=4, hidden=16, dim=8, lr=1e-2))
+                            AlignerTrainingConfig(epochs=4, hidden=16, dim=8, context=False, lr=1e-2))
     with torch.no_grad():
-        to_second = aligner(states, memory, mask).exp()[0, 0, 1].item()
+        to_second = aligner(states, memory, mask, tgt_mask).exp()[0, 0, 1].item()
     assert 0.25 < to_second < 0.75

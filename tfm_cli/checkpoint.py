@@ -336,7 +336,7 @@ def check_aligner_weights(
         if weights:
             raise TfmError(f"{path}: checkpoint has aligner tensors ({next(iter(weights))!r}) but its alignment settings name no aligner")
         return
-    check_weights(path, config, weights, aligner_shapes(config, alignment.aligner_hidden, alignment.aligner_dim))
+    check_weights(path, config, weights, aligner_shapes(config, alignment.aligner_hidden, alignment.aligner_dim, alignment.aligner_context))
 
 
 def build_aligner(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Aligner | None:
@@ -344,7 +344,7 @@ def build_aligner(checkpoint: Checkpoint, device: str | torch.device = "cpu") ->
     alignment = config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment")
     if not alignment.aligner:
         return None
-    aligner = Aligner(checkpoint.config, alignment.aligner_hidden, alignment.aligner_dim)
+    aligner = Aligner(checkpoint.config, alignment.aligner_hidden, alignment.aligner_dim, alignment.aligner_context)
     with torch.no_grad():
         for name, param in aligner.named_parameters():
             param.copy_(checkpoint.aligner_weights[ALIGNER_PREFIX + name].to(torch.float32))

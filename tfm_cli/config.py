@@ -71,6 +71,7 @@ def derive_seed(seed: int, purpose: str, index: int) -> int:
 # The sinusoidal position table is max_positions x d_model floats, built whole when a model is made:
 # this bound keeps a config (a crafted checkpoint's, say) from asking for terabytes.
 MAX_POSITIONS = 1 << 16
+TARGET_CONTEXT_HEADS = 4  # heads of a trained aligner's self-attention over the target (model/aligner.py)
 ACTIVATIONS = ("relu", "gelu", "swish")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 
@@ -478,10 +479,12 @@ class AlignmentConfig:
     full_context: bool = False
     # True: the checkpoint's trained aligner (model/aligner.py, `tfm train-aligner`) gives the attention
     # instead of a cross-attention of the decoder (layer, head and full_context then do not apply);
-    # aligner_hidden and aligner_dim are its sizes.
+    # aligner_hidden and aligner_dim are its sizes, aligner_context whether it has a self-attention
+    # layer over the target positions (model/aligner.TargetContext).
     aligner: bool = False
     aligner_hidden: int = 512
     aligner_dim: int = 256
+    aligner_context: bool = False
 
     def check(self, n_layers: int, n_heads: int, names: tuple[str, str] = ("alignment layer", "alignment head")) -> None:
         """Raise TfmError if the layer or head does not exist in a model of this size (`names`: how to call them)."""
@@ -493,3 +496,5 @@ class AlignmentConfig:
             )
         if self.aligner_hidden < 1 or self.aligner_dim < 1:
             raise TfmError(f"aligner sizes must be positive, got hidden {self.aligner_hidden} and dim {self.aligner_dim}")
+        if self.aligner_context and self.aligner_dim % TARGET_CONTEXT_HEADS:
+            raise TfmError(f"an aligner with a target context needs a dim divisible by {TARGET_CONTEXT_HEADS}, got {self.aligner_dim}")

@@ -68,7 +68,8 @@ def train_aligner(
     batch_size: int = typer.Option(64, "--batch-size", help="Sentence pairs per training batch."),
     hidden: int = typer.Option(512, "--hidden", help="Width of the aligner's hidden layers."),
     dim: int = typer.Option(256, "--dim", help="Width of the aligner's queries and keys."),
-    lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (Adam; warm-up over 10% of the steps, cosine decay)."),
+    context: bool = typer.Option(True, "--context/--no-context", help="A self-attention layer over the target positions, so a word's link sees the words after it."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (Adam; warm-up over 10% of the steps, cosine decay)."),
     seed: int = typer.Option(1, "--seed", help="Random seed (initialisation and batch order)."),
     max_memory: float = typer.Option(8.0, "--max-memory", help="GiB the model's states may take in memory before the command stops (says so before using more)."),
     device: str = device_option(),
@@ -90,7 +91,7 @@ def train_aligner(
     from tfm_cli.training.aligner_training import AlignerTrainingConfig, prepare_batches
     from tfm_cli.training.aligner_training import train_aligner as train
 
-    config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, lr=lr, seed=seed)
+    config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, context=context, lr=lr, seed=seed)
     config.check()
     if not max_memory > 0:
         raise TfmError(f"--max-memory must be positive (GiB), got {max_memory}")
@@ -131,7 +132,7 @@ def train_aligner(
         aligner = train(prepared.batches, loaded.config, config, on_step)
     last_epoch = losses[-steps_per_epoch:]
     alignment = dict(checkpoint.alignment)
-    alignment.update(aligner=True, aligner_hidden=hidden, aligner_dim=dim, shift=True, null=True)
+    alignment.update(aligner=True, aligner_hidden=hidden, aligner_dim=dim, aligner_context=context, shift=True, null=True)
     provenance = dict(checkpoint.provenance)
     provenance["aligner"] = {
         "links": Path(links).name, "pairs": prepared.used, "epochs": epochs, "seed": seed,

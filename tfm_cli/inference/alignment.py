@@ -101,7 +101,8 @@ def aligning_attention(
             raise ValueError("alignment.aligner is set but no aligner was given")
         decoded = model.decode(tgt_in, encoded, keep_states=True)
         states = torch.cat(decoded.layer_states, dim=-1).float()  # (B, T, L * D)
-        return aligner(states, encoded.memory.float(), encoded.src_mask).exp().cpu()
+        tgt_mask = tgt_in != model.config.pad_id  # (B, T)
+        return aligner(states, encoded.memory.float(), encoded.src_mask, tgt_mask).exp().cpu()
     decoded = model.decode(tgt_in, encoded, attention_layer=alignment.layer, full_context=alignment.full_context)
     return chosen_attention([decoded.layer_cross_attention], replace(alignment, layer=0)).float().cpu()
 

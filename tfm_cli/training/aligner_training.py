@@ -22,7 +22,7 @@ from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import AlignmentPair
 from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.word_alignment import WordAligner, WordPair
-from tfm_cli.config import AlignmentConfig
+from tfm_cli.config import TARGET_CONTEXT_HEADS, AlignmentConfig
 from tfm_cli.inference.translation import BatchingConfig
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.training.guided_alignment import PieceTable, real_tokens, reference_attention, word_index
@@ -32,14 +32,16 @@ STATE_DTYPE = torch.float16  # kept states: half the memory of float32, far insi
 
 @dataclass(frozen=True)
 class AlignerTrainingConfig:
-    """How `tfm train-aligner` trains: epochs over the pairs, pairs per batch, the aligner's sizes, and
-    Adam's peak learning rate of a one-cycle schedule (10% warm-up, cosine down)."""
+    """How `tfm train-aligner` trains: epochs over the pairs, pairs per batch, the aligner's sizes and
+    whether it has a self-attention layer over the target (model/aligner.TargetContext), and Adam's
+    peak learning rate of a one-cycle schedule (10% warm-up, cosine down)."""
 
     epochs: int = 12
     batch_size: int = 64
     hidden: int = 512
     dim: int = 256
-    lr: float = 2e-3
+    context: bool = True
+    lr: float = 1e-3
     seed: int = 1
 
     def check(self) -> None:
@@ -49,6 +51,8 @@ class AlignerTrainingConfig:
                 raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise TfmError(f"--lr must be positive, got {self.lr}")
+        if self.context and self.dim % TARGET_CONTEXT_HEADS:
+            raise TfmError(f"--dim must be divisible by {TARGET_CONTEXT_HEADS} for the target context, got {self.dim} (or --no-context)")
 
 
 @dataclass
@@ -58,6 +62,7 @@ class AlignerBatch:
     states: torch.Tensor  # (B, T, L * D) STATE_DTYPE: every decoder layer's output, concatenated
     memory: torch.Tensor  # (B, S, D) STATE_DTYPE: the encoder's output
     src_mask: torch.Tensor  # (B, S) bool, True at real source tokens
+    tgt_mask: torch.Tensor  # (B, T) bool, True at real target positions (BOS and pieces)
     reference: torch.Tensor  # (B, T, S) float32, rows summing to 1 where supervised, 0 elsewhere
     repeat: int = 1  # times an epoch this batch is trained (its pairs were given that many times)
 
@@ -144,7 +149,7 @@ def model_states(
     loaded: LoadedModel, kept: list[tuple[int, list[int], list[int]]], special: SpecialIds, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """One teacher-forced pass over `kept` (index, source ids, target ids): the aligner's inputs on the
-    CPU (states, memory, src_mask) and the batch's src (B, S) and tgt_out (B, T) ids."""
+    CPU (states, memory, src_mask, tgt_mask) and the batch's src (B, S) and tgt_out (B, T) ids."""
     model, config = loaded.model, loaded.config
     src = source_batch([src_ids for _, src_ids, _ in kept], config, "cpu")  # (B, S): ids + EOS, padded
     width = max(len(tgt_ids) for _, _, tgt_ids in kept) + 1
@@ -159,6 +164,7 @@ def model_states(
         "states": torch.cat(decoded.layer_states, dim=-1).to("cpu", STATE_DTYPE),
         "memory": encoded.memory.to("cpu", STATE_DTYPE),
         "src_mask": encoded.src_mask.cpu(),
+        "tgt_mask": tgt_in != special.pad_id,
         "src": src,
         "tgt_out": tgt_out,
     }
@@ -167,7 +173,7 @@ def model_states(
 def aligner_loss(aligner: Aligner, batch: AlignerBatch) -> tuple[torch.Tensor, int]:
     """(cross-entropy of the aligner's attention against the batch's reference, summed over rows; rows
     with a reference). The log-probability of a masked (padding) position is never multiplied in."""
-    log_probs = aligner(batch.states.float(), batch.memory.float(), batch.src_mask)  # (B, T, S)
+    log_probs = aligner(batch.states.float(), batch.memory.float(), batch.src_mask, batch.tgt_mask)  # (B, T, S)
     supervised = batch.reference > 0
     loss = -(batch.reference[supervised] * log_probs[supervised]).sum()
     return loss, supervised_rows(batch)
@@ -194,7 +200,7 @@ def train_aligner(
         raise TfmError("no pair to train the aligner on: every pair was empty, too long, or split into other words")
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
-    aligner = Aligner(model_config, config.hidden, config.dim)
+    aligner = Aligner(model_config, config.hidden, config.dim, config.context)
     optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
     plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
     rows_per_step = sum(supervised_rows(batches[index]) for index in plan) / len(plan)
