@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import torch
 
@@ -109,8 +110,8 @@ def prepare_batches(
     times = {first_index[key]: count for key, count in counts.items()}
     usable = sorted(times, key=lambda i: (times[i], len(pairs[i][0]) + len(pairs[i][1]), i))
     batches = []  # (pair indices, times given): no batch mixes pairs given a different number of times
-    for count in sorted(set(times.values())):
-        group = [i for i in usable if times[i] == count]
+    for count, same_count in groupby(usable, key=times.get):  # usable is sorted by count first
+        group = list(same_count)
         batches += [(group[start : start + batch_size], count) for start in range(0, len(group), batch_size)]
     for rows, repeat in batches:
         encoded = encoder.encode([pairs[i] for i in rows])
@@ -203,7 +204,7 @@ def train_aligner(
     aligner = Aligner(model_config, config.hidden, config.dim, config.context)
     optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
     plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
-    rows_per_step = sum(supervised_rows(batches[index]) for index in plan) / len(plan)
+    rows_per_step = sum(supervised_rows(batch) * batch.repeat for batch in batches) / len(plan)
     total_steps = config.epochs * len(plan)
     warmup = max(1, total_steps // 10)
 
