@@ -337,6 +337,7 @@ TEST_TIERS: dict[str, str] = {
     # unit: CPU capability flags, int8 and bf16 layers; the rest translates with the trained model
     "test_precision::test_cpu_support_reads_the_capability_flags": "unit",
     "test_precision::test_auto_picks_bf16_only_where_the_cpu_has_it": "unit",
+    "test_precision::test_training_auto_precision_is_fp32_on_any_cpu_and_bf16_is_there_when_asked": "unit",
     "test_precision::test_explicit_bf16_without_native_support_runs_with_a_warning": "unit",
     "test_precision::test_int8_runs_with_or_without_vnni": "unit",
     "test_precision::test_int8_on_cuda_and_unknown_values_are_refused": "unit",

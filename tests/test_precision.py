@@ -13,6 +13,7 @@ from tfm_cli.inference.alignment import parse_pharaoh
 from tfm_cli.checkpoint import load_model, model_with_weights, read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
+from tfm_cli.training.step import resolve_precision
 from tfm_cli.model.precision import (
     WEIGHT_MAX_WITHOUT_VNNI,
     BFloat16Linear,
@@ -94,6 +95,13 @@ def test_auto_picks_bf16_only_where_the_cpu_has_it():
     assert choose_dtype("auto", CPU, CpuSupport(native_bf16=True, int8_vnni=True)).dtype == "bf16"
     assert choose_dtype("auto", CPU, CpuSupport(native_bf16=False, int8_vnni=True)).dtype == "float32"
     assert choose_dtype("float32", CPU, CpuSupport(True, True)) == choose_dtype("float32", CPU, CpuSupport(False, False))
+
+
+def test_training_auto_precision_is_fp32_on_any_cpu_and_bf16_is_there_when_asked():
+    # bf16 autocast lost to fp32 at equal wall time on a CPU with AMX (recipes/multi30k/RESULTS.md).
+    assert resolve_precision("auto", CPU) == "fp32"
+    assert resolve_precision("bf16", CPU) == "bf16"
+    assert resolve_precision("fp32", CPU) == "fp32"
 
 
 def test_explicit_bf16_without_native_support_runs_with_a_warning():

@@ -269,7 +269,7 @@ def test_empty_and_overlong_pairs_are_skipped_and_counted(tmp_path, letters):
     [
         (["--set", "train.max_stepz=3"], "unknown key train.max_stepz"),
         (["--set", "model.n_heads=true"], "model.n_heads must be an integer"),
-        (["--set", "train.precision=bf16", "--device", "cpu"], "needs a CUDA device"),
+        (["--set", "train.precision=fp16", "--device", "cpu"], "needs a CUDA device"),
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path, letters, options, message):

@@ -14,12 +14,6 @@ from conftest import REPO_ROOT, letter_settings, run_cli, run_tfm_process
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
-]
-
-
 def fresh_process_nll(checkpoint: Path, src: Path, tgt: Path, device: str) -> float:
     """Per-token negative log-likelihood (EOS counted) of the pairs under `checkpoint`, by `tfm score -m`."""
     result = run_tfm_process(
@@ -45,17 +39,22 @@ def fresh_process_bleu(checkpoint: Path, src: Path, tgt: Path, max_len_a: float,
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters, device):
+@pytest.mark.parametrize("device, precision", [
+    ("cpu", "fp32"),
+    ("cpu", "bf16"),  # bf16 autocast for training; validation must still run in float32
+    pytest.param("cuda", "fp32", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
+])
+def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp_path, letters, device, precision):
     # The run trains with the optimizer `tfm train` always uses (fused AdamW, which updates weights
     # in place without bumping their version counter). Every validation must see the weights of
     # that moment: a cached copy of an earlier validation's weights would make every later figure wrong.
+    # Trained under bf16 autocast on the CPU, validation still runs in float32, as translate and score do.
     run = tmp_path / "run"
     options = letter_settings(
         letters, **{
             "train.max_tokens": 256, "train.warmup_steps": 5, "train.max_steps": 30, "train.valid_every": 10,
             "train.save_every": 10, "train.keep_last": 5, "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
-            "train.precision": "fp32",  # translate and score -m run in float32
+            "train.precision": precision,  # translate and score -m run in float32
         },
     )
     result = run_tfm_process(

@@ -328,8 +328,9 @@ class TrainConfig:
     keep_last: int = 5
     # Log training loss, lr, tokens/s and padding every this many updates (also to metrics.jsonl).
     log_every: int = 100
-    # auto: bf16 autocast on a CUDA device that supports it, else fp32; or fp32 everywhere; or bf16 or
-    # fp16 autocast on CUDA (fp16 with a dynamic loss scaler: updates with inf/nan gradients are skipped and counted).
+    # auto: bf16 autocast on a CUDA device that supports it, else fp32 (on a CPU too: see
+    # training.step.resolve_precision); or fp32 everywhere; or bf16 autocast on CUDA or the CPU; or
+    # fp16 autocast on CUDA (with a dynamic loss scaler: updates with inf/nan gradients are skipped and counted).
     precision: str = "auto"
     # Multi-process runs (torchrun): seconds a collective may wait for the other ranks before the run
     # fails; it must exceed rank 0's validation time, during which the other ranks wait.

@@ -55,6 +55,7 @@ from tfm_cli.training.state import (
 from tfm_cli.training.step import (
     StepSettings,
     compile_module,
+    cpu_bf16_notice,
     resolve_precision,
     train_step,
 )
@@ -485,8 +486,10 @@ def train_in_world(
     on_event = (on_event if world.is_main else None) or (lambda event: None)
     should_stop = should_stop or (lambda: False)
     config = recipe.train
-    if config.precision in ("bf16", "fp16") and device.type != "cuda":
-        raise TfmError(f"train.precision={config.precision} needs a CUDA device (--device cuda); use fp32 on {device}")
+    if config.precision == "fp16" and device.type != "cuda":
+        raise TfmError(f"train.precision=fp16 needs a CUDA device (--device cuda); use bf16 or fp32 on {device}")
+    if (notice := cpu_bf16_notice(config.precision, device)) is not None:
+        on_event(PhaseEvent(notice))
     data = prepare_on_rank0_first(recipe, run_dir, resume, device, world, on_event, init, should_stop)
     if prepare_only:
         data.check_unchanged(wait=True)

@@ -6,6 +6,7 @@ logged validation BLEU is what `tfm translate -b N` gives for the saved checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -55,6 +56,12 @@ def decode_corpus(model: Transformer, corpus: TokenizedCorpus, tgt_tokenizer: To
     return outputs
 
 
+def validation_autocast(settings: StepSettings) -> contextlib.AbstractContextManager:
+    """Training's autocast on CUDA; float32 on the CPU, where `tfm translate` and `tfm score` run in
+    float32 by default, so the logged figures are the ones a fresh evaluation of the checkpoint gives."""
+    return autocast(settings) if settings.device_type == "cuda" else contextlib.nullcontext()
+
+
 def validate(
     model: Transformer,
     corpus: TokenizedCorpus,
@@ -74,7 +81,7 @@ def validate(
     model.eval()
     loss_sum = nll_sum = 0.0
     n_tokens = 0
-    with packed_weights(model), torch.inference_mode(), autocast(settings):
+    with packed_weights(model), torch.inference_mode(), validation_autocast(settings):
         for indices in batch_indices(corpus.src_lengths, corpus.tgt_lengths, config.max_tokens, None):
             batch = collate(corpus, indices, SpecialIds.of(model.config)).to(device)
             loss, nll = batch_loss(model, batch, config.label_smoothing)
@@ -84,7 +91,7 @@ def validate(
     bleu = signature = None
     hypotheses: list[str] = []
     if config.valid_bleu:
-        with packed_weights(model), autocast(settings):
+        with packed_weights(model), validation_autocast(settings):
             hypotheses = decode_corpus(model, corpus, tgt_tokenizer, config)
         metric = sacrebleu.metrics.BLEU()
         bleu = metric.corpus_score(hypotheses, [references]).score
