@@ -16,8 +16,8 @@ FLOPs = 6 * params * target tokens (the usual rough form; an encoder-decoder fig
 
 With --bf16, a third engine runs tfm's step under bf16 autocast (what train.precision = "bf16" runs:
 float32 master weights and optimizer, products in bfloat16, the loss in float32) on a copy of the
-same initial weights: on a CPU with native bfloat16 (AVX512-BF16, AMX) that is the speed-up of
-`precision = "auto"`. MFU stays measured against the float32 matmul peak.
+same initial weights: the step-level speed-up bf16 would give on a CPU with native bfloat16
+(AVX512-BF16, AMX). MFU stays measured against the float32 matmul peak.
 
 Usage: python bench/train_vs_reference.py [--threads 1,2] [--rounds 3] [--steps 6] [--bf16]
 """

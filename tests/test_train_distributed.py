@@ -41,7 +41,7 @@ def options(data: dict[str, Path], **train: object) -> list[str]:
         "train.max_tokens": 256, "train.warmup_steps": 5, "train.log_every": 1, "train.valid_every": 1000,
         "train.valid_bleu": "false", "train.best_metric": "loss", "train.save_every": 1000,
         "train.max_steps": STEPS, "train.dist_timeout": 30,
-        "train.precision": "fp32",  # the comparisons are exact to 1e-5; auto is bf16 on some CPUs
+        "train.precision": "fp32",  # the comparisons are exact to 1e-5, which holds in float32 only
     }
     values.update({f"train.{key}": value for key, value in train.items()})
     return [item for key, value in values.items() for item in ("--set", f"{key}={value}")]

@@ -54,7 +54,7 @@ def test_logged_validation_equals_a_fresh_evaluation_of_the_saved_checkpoint(tmp
         letters, **{
             "train.max_tokens": 256, "train.warmup_steps": 5, "train.max_steps": 30, "train.valid_every": 10,
             "train.save_every": 10, "train.keep_last": 5, "train.valid_max_len_a": 1.0, "train.valid_max_len_b": 4,
-            "train.precision": precision,  # translate and score -m run in float32
+            "train.precision": precision,
         },
     )
     result = run_tfm_process(
