@@ -290,6 +290,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_streams": "system",
     "test_synthetic": "unit",
     "test_threads_option": "integration",
+    "test_subword_sampling": "integration",
     "test_symmetrization": "unit",
     "test_tiers": "unit",
     "test_tokenize_cli": "integration",

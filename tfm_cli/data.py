@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,14 +203,18 @@ class EpochSampler:
     which the next epoch's shuffle puts elsewhere) so that every rank does the same updates. An
     update takes the next update_freq * W batches; rank r trains on every W-th of them from the r-th.
     Corpora with weights other than 1 (`parts`: first row, rows, weight) are sampled per epoch (epoch_rows).
+    Where every epoch has its own segmentation of the corpus (subword_sampling.py), `epoch_lengths`
+    gives that epoch's (src, tgt) lengths and the lengths given are not used.
     """
 
     def __init__(
         self, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor, max_tokens: int, seed: int,
         update_freq: int, world: World, parts: list[tuple[int, int, float]] | None = None,
+        epoch_lengths: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         # int32 halves what every rank keeps per pair; lengths are below max_length anyway.
         self.src_lengths, self.tgt_lengths = src_lengths.to(torch.int32), tgt_lengths.to(torch.int32)
+        self.epoch_lengths = epoch_lengths
         self.max_tokens, self.seed, self.update_freq, self.world = max_tokens, seed, update_freq, world
         self.parts = parts or [(0, src_lengths.numel(), 1.0)]
         self.cached: tuple[int, EpochBatches] | None = None
@@ -223,10 +228,13 @@ class EpochSampler:
         if self.cached is None or self.cached[0] != epoch:
             generator = epoch_generator(self.seed, epoch)
             rows = epoch_rows(self.parts, self.seed, epoch)
+            src_lengths, tgt_lengths = self.src_lengths, self.tgt_lengths
+            if self.epoch_lengths is not None:
+                src_lengths, tgt_lengths = (lengths.to(torch.int32) for lengths in self.epoch_lengths(epoch))
             if rows is None:
-                batches = sorted_batches(self.src_lengths, self.tgt_lengths, self.max_tokens, generator)
+                batches = sorted_batches(src_lengths, tgt_lengths, self.max_tokens, generator)
             else:
-                batches = sorted_batches(self.src_lengths[rows], self.tgt_lengths[rows], self.max_tokens, generator)
+                batches = sorted_batches(src_lengths[rows], tgt_lengths[rows], self.max_tokens, generator)
                 batches = EpochBatches(rows[batches.order], batches.starts)
             world_size = self.world.world_size
             if len(batches) < world_size:
@@ -239,6 +247,13 @@ class EpochSampler:
             return_freed_memory()  # the sorts' temporaries, which glibc would keep for the whole run
         return self.cached[1]
 
+    def position(self, epoch: int, batch_in_epoch: int) -> tuple[int, int]:
+        """(epoch, batch_in_epoch) of the next batch: the start of the next epoch for a position past
+        the end of `epoch` (a resume with a larger train.max_tokens makes fewer batches)."""
+        if batch_in_epoch >= len(self.epoch_batches(epoch)):
+            return epoch + 1, 0
+        return epoch, batch_in_epoch
+
     def update(self, epoch: int, batch_in_epoch: int) -> tuple[list[torch.Tensor], int, int]:
         """This rank's batches for the update at (epoch, batch_in_epoch), and the position after it.
 
@@ -246,10 +261,8 @@ class EpochSampler:
         batches. A position past the end of the epoch (a resume with a larger train.max_tokens makes
         fewer batches) starts the next epoch.
         """
+        epoch, batch_in_epoch = self.position(epoch, batch_in_epoch)
         batches = self.epoch_batches(epoch)
-        if batch_in_epoch >= len(batches):
-            epoch, batch_in_epoch = epoch + 1, 0
-            batches = self.epoch_batches(epoch)
         world = self.world
         end = min(batch_in_epoch + self.update_freq * world.world_size, len(batches))
         group = [batches.batch(k) for k in range(batch_in_epoch + world.rank, end, world.world_size)]

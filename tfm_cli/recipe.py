@@ -55,6 +55,12 @@ class DataConfig:
     # train_src/train_tgt in Pharaoh format, one line per pair ("0-0 1-2 ...", 0-based indices of the
     # space-separated words, source first; "s?t" links count as links). Needs train.alignment_weight > 0.
     train_alignment: str = ""
+    # Subword regularization (Kudo 2018): every epoch draws each training sentence's segmentation from
+    # the unigram model's subword_nbest best ones, with probability proportional to P ** subword_alpha
+    # (a function of seed, epoch and line, so resume is exact). 1 is off: always the best segmentation,
+    # which validation and inference use in any case. Needs a unigram sentencepiece model.
+    subword_nbest: int = 1
+    subword_alpha: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("train_src", "train_tgt"):
@@ -69,6 +75,15 @@ class DataConfig:
         if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
             raise TfmError(f"data.invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, got {self.invalid_utf8!r}")
         check_corpus_weight(self.train_weight, "data.train_weight")
+        if not 1 <= self.subword_nbest <= MAX_SUBWORD_NBEST:
+            raise TfmError(f"data.subword_nbest must be 1 (off) to {MAX_SUBWORD_NBEST}, got {self.subword_nbest}")
+        if not 0 <= self.subword_alpha <= MAX_SUBWORD_ALPHA:
+            raise TfmError(f"data.subword_alpha must be in [0, {MAX_SUBWORD_ALPHA:g}], got {self.subword_alpha}")
+        if self.train_alignment and self.subword_nbest > 1:
+            raise TfmError(
+                "data.train_alignment's word links are placed on the best segmentation of each pair, but "
+                "data.subword_nbest > 1 draws other segmentations; use one of the two"
+            )
         if self.train_alignment and self.more_train:
             raise TfmError(
                 "data.train_alignment aligns train_src/train_tgt only, but data.more_train adds corpora without "
@@ -82,6 +97,8 @@ class DataConfig:
 
 
 INVALID_UTF8_POLICIES = ("fail", "skip")
+MAX_SUBWORD_NBEST = 1000  # sentencepiece's n-best search grows with it; Kudo (2018) used 64
+MAX_SUBWORD_ALPHA = 100.0
 MAX_CORPUS_WEIGHT = 1000.0
 
 

@@ -15,11 +15,12 @@ import torch
 from tfm_cli import __version__, distributed
 from tfm_cli.checkpoint import encode_checkpoint, make_checkpoint, model_weights
 from tfm_cli.config import AlignmentConfig, config_to_dict
-from tfm_cli.data import Batch, EpochSampler, SpecialIds, collate
+from tfm_cli.data import Batch, EpochSampler, SpecialIds, TokenizedCorpus, collate
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.recipe import Recipe
+from tfm_cli.subword_sampling import SamplingSettings, SegmentationSampler
 from tfm_cli.textio import atomic_write_bytes
 from tfm_cli.training.events import (
     Event,
@@ -143,9 +144,19 @@ class Trainer:
         self.last_valid: ValidResult | None = None
         self.metrics_path = run_dir / METRICS_FILE
         parts = [(first, rows, weight) for (first, rows), weight in zip(data.train.part_rows(), data.train_weights)]
+        # Subword regularization (data.subword_nbest > 1): each epoch has its own segmentation of the corpus.
+        self.segmentations = None
+        epoch_lengths = None
+        if recipe.data.subword_nbest > 1:
+            settings = SamplingSettings(recipe.data.subword_nbest, recipe.data.subword_alpha, recipe.data.max_length)
+            self.segmentations = SegmentationSampler(data.train, data.src_tokenizer, data.tgt_tokenizer, settings,
+                                                     config.seed, self.special_ids.eos_id)
+            epoch_lengths = self.epoch_lengths
+            on_event(PhaseEvent(f"subword regularization: every epoch draws each training sentence's segmentation "
+                                f"from its {settings.nbest} best, with probability proportional to P ** {settings.alpha:g}"))
         self.sampler = EpochSampler(
             data.train.src_lengths, data.train.tgt_lengths, config.max_tokens, config.seed, config.update_freq, world,
-            parts,
+            parts, epoch_lengths,
         )
 
     # -- data order ------------------------------------------------------------------------------
@@ -154,14 +165,28 @@ class Trainer:
         """Yield this rank's batches of each update forever, advancing counters.epoch/batch_in_epoch."""
         counters = self.counters
         while True:
-            rows, counters.epoch, counters.batch_in_epoch = self.sampler.update(counters.epoch, counters.batch_in_epoch)
-            batches = [collate(self.data.train, indices, self.special_ids) for indices in rows]
+            epoch, position = self.sampler.position(counters.epoch, counters.batch_in_epoch)
+            rows, counters.epoch, counters.batch_in_epoch = self.sampler.update(epoch, position)
+            corpus = self.epoch_corpus(epoch)
+            batches = [collate(corpus, indices, self.special_ids) for indices in rows]
             if self.guide is not None:
                 batches = [self.guide.annotate(batch) for batch in batches]
             yield [batch.to(self.device) for batch in batches]
 
+    def epoch_corpus(self, epoch: int) -> TokenizedCorpus:
+        """The training corpus as epoch `epoch` segments it (the prepared one unless subwords are sampled)."""
+        if self.segmentations is None:
+            return self.data.train
+        return self.segmentations.epoch_corpus(epoch)
+
+    def epoch_lengths(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(src, tgt) (N,) lengths of epoch `epoch`'s corpus, EOS included."""
+        corpus = self.epoch_corpus(epoch)
+        return corpus.src_lengths, corpus.tgt_lengths
+
     def updates_per_epoch(self) -> int:
-        """Optimizer updates in one epoch (the same in every epoch)."""
+        """Optimizer updates in one epoch (epoch 0's: later epochs differ by a few where corpus weights or
+        subword sampling change what an epoch holds)."""
         return self.sampler.updates_per_epoch()
 
     def planned_steps(self) -> int | None:
