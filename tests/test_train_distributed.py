@@ -1,7 +1,7 @@
 """`torchrun -m tfm_cli train` with 2 CPU processes (gloo): same weights as one process, resume, failing ranks.
 
-Seven torchrun launches in all (each a few seconds of torch imports): a straight 2-process run (and one with a
-budgeted learning-rate schedule); a 2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
+Eight torchrun launches in all (each a few seconds of torch imports): a straight 2-process run (and one with a
+budgeted learning-rate schedule, and one drawing subword segmentations); a 2-process run whose rank 1 dies (tfm_cli.distributed.FAIL_AT_ENV) after a save, then resumed; a run
 whose rank 0 fails while preparing the data; one with fewer batches than ranks; and one whose rank 0
 prepares for longer than train.dist_timeout (tfm_cli.distributed.PREPARE_DELAY_ENV).
 """
@@ -118,6 +118,20 @@ def test_a_budgeted_schedule_gives_every_rank_the_learning_rate_of_one_process(t
                       *options(data, update_freq=2, **linear)])
     assert single.exit_code == 0, single.stderr
     result = torchrun(tmp_path / "two", options(data, **linear))
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = weights(tmp_path / "single" / "checkpoint_last.safetensors")
+    got = weights(tmp_path / "two" / "checkpoint_last.safetensors")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_two_processes_draw_the_subword_segmentations_of_one_process(tmp_path, data):
+    # Every rank draws the epoch's segmentations from (seed, epoch): the batches are one process's.
+    sampling = ["--set", "data.subword_nbest=8", "--set", "data.subword_alpha=0.2"]
+    single = run_cli(["train", TINY, "--run", tmp_path / "single", "--threads", "1",
+                      *options(data, update_freq=2), *sampling])
+    assert single.exit_code == 0, single.stderr
+    result = torchrun(tmp_path / "two", [*options(data), *sampling])
     assert result.returncode == 0, result.stderr[-3000:]
     expected = weights(tmp_path / "single" / "checkpoint_last.safetensors")
     got = weights(tmp_path / "two" / "checkpoint_last.safetensors")
