@@ -263,6 +263,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_dependencies": "unit",
     "test_disk_full": "system",
     "test_dropout": "unit",
+    "test_moving_average": "integration",
     "test_export": "system",
     "test_guided_alignment": "integration",
     "test_help": "integration",

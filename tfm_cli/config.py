@@ -360,6 +360,10 @@ class TrainConfig:
     # target (Garg et al.'s full-context alignment); the token loss keeps the causal pass. Costs that
     # extra pass per guided update; recorded as the checkpoint's alignment full_context.
     alignment_full_context: bool = False
+    # An exponential moving average of the weights (Marian's --exponential-smoothing), written as
+    # checkpoint_ema.safetensors at every save: after each update average = d * average + (1 - d) *
+    # weights with d = min(ema_decay, (1 + step) / (10 + step)) (training.moving_average). 0 = off.
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         check_seed(self.seed, "train.seed")
@@ -373,6 +377,8 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise TfmError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise TfmError(f"train.ema_decay must be in [0, 1) (0 = no moving average), got {self.ema_decay}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise TfmError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         for name in ("adam_beta1", "adam_beta2"):

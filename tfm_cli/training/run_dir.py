@@ -22,12 +22,13 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 LAST_CHECKPOINT = "checkpoint_last.safetensors"
 BEST_CHECKPOINT = "checkpoint_best.safetensors"
+EMA_CHECKPOINT = "checkpoint_ema.safetensors"  # the moving average of the weights (train.ema_decay)
 # checkpoint_00001200.safetensors: 8 digits (or more), so lexical order is numeric order.
 STEP_CHECKPOINT = re.compile(r"^checkpoint_(\d{8,})\.safetensors$")
 # The files a run writes atomically, as regular expressions over their names (on resume, the temp
 # files of a killed save are found by these).
 RUN_FILES = "|".join([
-    r"checkpoint_(?:\d+|last|best)\.safetensors",
+    r"checkpoint_(?:\d+|last|best|ema)\.safetensors",
     r"spm(?:\.src|\.tgt)?\.(?:model|vocab)",  # the run's tokenizers
     *map(re.escape, (STATE_FILE, CONFIG_FILE, METRICS_FILE)),
 ])

@@ -19,6 +19,7 @@ from tfm_cli.checkpoint import model_weights
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
+from tfm_cli.training.moving_average import WeightMovingAverage
 
 STATE_FORMAT = "tfm-train-state"
 STATE_VERSION = 1
@@ -64,15 +65,20 @@ def encode_state(
     scaler: torch.amp.GradScaler | None,
     counters: Counters,
     rank_rng: dict[str, torch.Tensor] | None = None,
+    moving_average: WeightMovingAverage | None = None,
 ) -> bytes:
-    """The whole training state as safetensors bytes (tensors + JSON metadata)."""
+    """The whole training state as safetensors bytes (tensors + JSON metadata), with the moving average of
+    the weights when the run keeps one."""
     metadata = {
         "format": STATE_FORMAT,
         "format_version": str(STATE_VERSION),
         "counters": json.dumps(asdict(counters)),
         "scaler": json.dumps(scaler.state_dict() if scaler is not None else None),
     }
-    return save(state_tensors(model, optimizer, rank_rng), metadata=metadata)
+    tensors = state_tensors(model, optimizer, rank_rng)
+    if moving_average is not None:
+        tensors.update(moving_average.state_tensors())
+    return save(tensors, metadata=metadata)
 
 
 def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -112,8 +118,10 @@ def restore_state(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
     world: World = World(),
+    moving_average: WeightMovingAverage | None = None,
 ) -> Counters:
-    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects.
+    """Load weights, optimizer moments, RNG states and counters from `path` into the live objects
+    (and the moving average of the weights, when the run keeps one).
 
     Raises TfmError if the run was trained by a different number of ranks than `world` has.
     """
@@ -135,6 +143,8 @@ def restore_state(
             if not bool(torch.isfinite(saved).all()):
                 raise damaged(path, f"model.{name} holds NaN or infinite values")
             param.copy_(saved)
+    if moving_average is not None:
+        moving_average.restore(tensors, str(path))
     template = optimizer.state_dict()
     state = optimizer_state(tensors, model, path)
     optimizer.load_state_dict({"state": state, "param_groups": template["param_groups"]})

@@ -34,11 +34,13 @@ from tfm_cli.training.events import (
 from tfm_cli.training.guided_alignment import AlignmentGuide, PieceTable
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.log_window import LogWindow
+from tfm_cli.training.moving_average import WeightMovingAverage
 from tfm_cli.training.objective import LossModule, scheduled_learning_rate
 from tfm_cli.training.preparation import PreparedData, prepare_on_rank0_first
 from tfm_cli.training.run_dir import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
+    EMA_CHECKPOINT,
     LAST_CHECKPOINT,
     METRICS_FILE,
     STATE_FILE,
@@ -140,6 +142,8 @@ class Trainer:
         self.settings = StepSettings(config.label_smoothing, config.clip_norm, dtype, device.type, self.alignment,
                                      config.alignment_weight)
         self.counters = Counters(world_size=world.world_size)
+        # train.ema_decay > 0: the moving average of the weights, saved as checkpoint_ema (None when off).
+        self.moving_average = WeightMovingAverage(self.model, config.ema_decay) if config.ema_decay > 0 else None
         self.agreed_elapsed = 0.0  # set by agreed_stop_reason before every update
         self.last_valid: ValidResult | None = None
         self.metrics_path = run_dir / METRICS_FILE
@@ -206,7 +210,8 @@ class Trainer:
         return {key: value for key, value in asdict(self.alignment).items() if not key.startswith("aligner")}
 
     def provenance(self) -> dict[str, Any]:
-        """What every checkpoint records about how it was made."""
+        """What every checkpoint records about how it was made (the weights' step, epoch, recipe and last
+        validation)."""
         valid = None
         if self.last_valid is not None:
             valid = {"loss": self.last_valid.loss, "ppl": self.last_valid.ppl, "bleu": self.last_valid.bleu,
@@ -222,8 +227,10 @@ class Trainer:
             provenance["init"] = self.init.record.to_dict()
         return provenance
 
-    def checkpoint_bytes(self) -> bytes:
-        """The current weights as a self-contained checkpoint (see tfm_cli.checkpoint).
+    def checkpoint_bytes(self, weights: dict[str, torch.Tensor] | None = None,
+                         extra_provenance: dict[str, Any] | None = None) -> bytes:
+        """The current weights (or `weights`, by parameter name) as a self-contained checkpoint (see
+        tfm_cli.checkpoint), its provenance extended by `extra_provenance`.
 
         Its decoding defaults are the recipe's [decode] settings, over those of the --init checkpoint
         (an imported model's generation settings): the model decodes as tuned unless flags say otherwise.
@@ -232,13 +239,14 @@ class Trainer:
         """
         decode_defaults = {**(self.init.decode_defaults if self.init is not None else {}), **self.recipe.decode}
         checkpoint = make_checkpoint(
-            self.model_config, model_weights(self.model), self.data.src_tokenizer, self.data.tgt_tokenizer,
-            self.provenance(), decode_defaults, alignment=None if self.alignment is None else self.head_settings(),
+            self.model_config, model_weights(self.model) if weights is None else weights, self.data.src_tokenizer,
+            self.data.tgt_tokenizer, self.provenance() | (extra_provenance or {}), decode_defaults, alignment=None if self.alignment is None else self.head_settings(),
         )
         return encode_checkpoint(checkpoint)
 
     def save(self) -> None:
-        """Write checkpoint_STEP, checkpoint_last and then the training state, each atomically (rank 0 only).
+        """Write checkpoint_STEP, checkpoint_last (and checkpoint_ema, with train.ema_decay) and then the
+        training state, each atomically (rank 0 only).
 
         The state is written last and holds its own copy of the weights, so a kill at any moment
         leaves a state that resumes exactly (losing at most the updates since the previous save).
@@ -257,11 +265,18 @@ class Trainer:
         last_path = self.run_dir / LAST_CHECKPOINT
         atomic_write_bytes(step_path, data)
         atomic_write_bytes(last_path, data)
-        atomic_write_bytes(self.run_dir / STATE_FILE, encode_state(self.model, self.optimizer, self.scaler, self.counters, rank_rng))
+        written = [str(step_path), str(last_path)]
+        if self.moving_average is not None:
+            ema_path = self.run_dir / EMA_CHECKPOINT
+            average = {"weights": "exponential moving average", "ema_decay": self.config.ema_decay}
+            atomic_write_bytes(ema_path, self.checkpoint_bytes(self.moving_average.weights(self.model), average))
+            written.append(str(ema_path))
+        state = encode_state(self.model, self.optimizer, self.scaler, self.counters, rank_rng, self.moving_average)
+        atomic_write_bytes(self.run_dir / STATE_FILE, state)
         if self.config.keep_last:
             for old in step_checkpoints(self.run_dir)[: -self.config.keep_last]:
                 old.unlink(missing_ok=True)
-        self.on_event(SaveEvent(self.counters.step, [str(step_path), str(last_path)]))
+        self.on_event(SaveEvent(self.counters.step, written))
 
     def write_config(self) -> None:
         """Write the resolved recipe, model config and tokenizer origin to config.json in the run directory.
@@ -395,6 +410,8 @@ class Trainer:
             # schedule where they were (as fairseq does); its batch is consumed all the same.
             applied = not (stats.skipped or stats.nonfinite)
             counters.step += applied
+            if applied and self.moving_average is not None:
+                self.moving_average.update(self.model, counters.step)
             counters.overflow_steps += stats.skipped
             counters.nonfinite_steps += stats.nonfinite
             counters.nonfinite_in_a_row = counters.nonfinite_in_a_row + 1 if stats.nonfinite else 0
@@ -529,7 +546,8 @@ def train_in_world(
     # Every rank counts the batches here, so fewer batches than ranks stops them all before training.
     updates_per_epoch = trainer.updates_per_epoch()
     if resume:
-        trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler, world)
+        trainer.counters = restore_state(run_dir / STATE_FILE, trainer.model, trainer.optimizer, trainer.scaler, world,
+                                         trainer.moving_average)
         if world.is_main:
             damaged = truncate_metrics(trainer.metrics_path, trainer.counters.step)
             if damaged:
