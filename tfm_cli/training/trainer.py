@@ -240,7 +240,8 @@ class Trainer:
         decode_defaults = {**(self.init.decode_defaults if self.init is not None else {}), **self.recipe.decode}
         checkpoint = make_checkpoint(
             self.model_config, model_weights(self.model) if weights is None else weights, self.data.src_tokenizer,
-            self.data.tgt_tokenizer, self.provenance() | (extra_provenance or {}), decode_defaults, alignment=None if self.alignment is None else self.head_settings(),
+            self.data.tgt_tokenizer, self.provenance() | (extra_provenance or {}), decode_defaults,
+            alignment=None if self.alignment is None else self.head_settings(),
         )
         return encode_checkpoint(checkpoint)
 
