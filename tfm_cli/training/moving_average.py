@@ -37,15 +37,14 @@ class WeightMovingAverage:
         for name, param in model.named_parameters():
             self.averages[name].lerp_(param.detach().float(), weight)
 
-    def weights(self, model: Transformer) -> dict[str, torch.Tensor]:
-        """The averages by parameter name, in the model's parameter dtypes, contiguous on the CPU
-        (checkpoint.model_weights's form)."""
-        dtypes = {name: param.dtype for name, param in model.named_parameters()}
-        return {name: average.to(dtypes[name]).cpu().contiguous() for name, average in self.averages.items()}
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The averages by parameter name, float32 (the dtype of a training model's weights), contiguous
+        on the CPU (checkpoint.model_weights's form)."""
+        return {name: average.cpu().contiguous() for name, average in self.averages.items()}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The averages as training-state tensors (ema.<name>, float32, CPU)."""
-        return {STATE_PREFIX + name: average.cpu().contiguous() for name, average in self.averages.items()}
+        """The averages as training-state tensors, named ema.<parameter name>."""
+        return {STATE_PREFIX + name: average for name, average in self.weights().items()}
 
     @torch.no_grad()
     def restore(self, tensors: dict[str, torch.Tensor], path: str) -> None:

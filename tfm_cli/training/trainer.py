@@ -270,7 +270,7 @@ class Trainer:
         if self.moving_average is not None:
             ema_path = self.run_dir / EMA_CHECKPOINT
             average = {"weights": "exponential moving average", "ema_decay": self.config.ema_decay}
-            atomic_write_bytes(ema_path, self.checkpoint_bytes(self.moving_average.weights(self.model), average))
+            atomic_write_bytes(ema_path, self.checkpoint_bytes(self.moving_average.weights(), average))
             written.append(str(ema_path))
         state = encode_state(self.model, self.optimizer, self.scaler, self.counters, rank_rng, self.moving_average)
         atomic_write_bytes(self.run_dir / STATE_FILE, state)
