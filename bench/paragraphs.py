@@ -8,9 +8,12 @@ three ways through `tfm translate` as a user runs it (model defaults, --threads 
 Scored with sacrebleu (i) per paragraph: each system's paragraph output (for `lines`, its GROUP
 outputs joined with a space) against the joined references; (ii) per line after re-splitting: a
 paragraph's output is cut back into GROUP sentences by sentencex; where it does not give exactly
-GROUP sentences, the whole output goes to the first line and the others get "". The joined
-line-by-line outputs are also re-split that way, so the two systems can be compared after the same
-re-splitting.
+GROUP sentences, the whole output goes to the first line and the others get ""; (iii) per line after
+re-segmenting to the references: each paragraph output cut into GROUP pieces at the word boundaries
+that minimise the word edit distance to its GROUP reference lines (mwerSegmenter's method, used by
+the IWSLT evaluations for output whose segmentation differs from the reference's; resegment.py). The
+joined line-by-line outputs are re-split both ways too, so the systems can be compared after the
+same re-splitting.
 
 Usage: python bench/paragraphs.py -m MODEL --src test.en --ref test.fr [--source-lang en --target-lang fr]
 """
@@ -25,6 +28,7 @@ from datetime import date
 import sacrebleu
 
 from prepare_corpus import cpu_flags
+from resegment import resegment
 from tfm_cli.inference.sentence_splitting import SentenceSplitter
 
 GROUP = 3
@@ -61,6 +65,15 @@ def resplit(paragraphs: list[str], sizes: list[int], splitter: SentenceSplitter)
     return lines, right
 
 
+def resegmented(paragraphs: list[str], references: list[str], sizes: list[int]) -> list[str]:
+    """Each paragraph cut into its number of lines by minimum word error against those lines' references."""
+    lines, offset = [], 0
+    for paragraph, size in zip(paragraphs, sizes):
+        lines += resegment(paragraph, references[offset : offset + size])
+        offset += size
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", required=True)
@@ -81,21 +94,24 @@ def main() -> None:
     joined_refs = grouped(references)
     print(f"# bench/paragraphs.py, {date.today()}, {cpu_flags()}")
     print(f"# model {args.model}; {len(sources)} lines -> {len(paragraphs)} paragraphs of {GROUP}")
-    print("\n| system | BLEU per paragraph | BLEU per line, re-split | paragraphs re-split into their lines |")
-    print("|---|---:|---:|---:|")
+    print("\n| system | BLEU per paragraph | BLEU per line, as translated | per line, sentencex re-split "
+          "| per line, min-WER re-segmented | paragraphs sentencex re-split into their lines |")
+    print("|---|---:|---:|---:|---:|---:|")
     # The second row re-splits the joined line-by-line outputs exactly as the paragraph outputs are
     # re-split, so that the re-splitter's own misses count on both sides of the comparison.
-    rows = [("lines one by one", grouped(by_line), by_line, None),
-            ("lines one by one, joined and re-split", grouped(by_line), None, None),
-            ("--split-sentences", split, None, None), ("whole paragraphs", whole, None, None)]
-    for name, paragraph_outputs, line_outputs, _ in rows:
-        right = "-"
-        if line_outputs is None:
-            line_outputs, count = resplit(paragraph_outputs, sizes, splitter)
-            right = f"{count}/{len(paragraphs)}"
+    rows = [("lines one by one", grouped(by_line), by_line),
+            ("lines one by one, joined and re-split", grouped(by_line), None),
+            ("--split-sentences", split, None), ("whole paragraphs", whole, None)]
+    for name, paragraph_outputs, line_outputs in rows:
         paragraph_bleu = metric.corpus_score(paragraph_outputs, [joined_refs]).score
-        line_bleu = metric.corpus_score(line_outputs, [references]).score
-        print(f"| {name} | {paragraph_bleu:.2f} | {line_bleu:.2f} | {right} |")
+        if line_outputs is not None:
+            line_bleu = metric.corpus_score(line_outputs, [references]).score
+            print(f"| {name} | {paragraph_bleu:.2f} | {line_bleu:.2f} | - | - | - |")
+            continue
+        split_lines, count = resplit(paragraph_outputs, sizes, splitter)
+        split_bleu = metric.corpus_score(split_lines, [references]).score
+        mwer_bleu = metric.corpus_score(resegmented(paragraph_outputs, references, sizes), [references]).score
+        print(f"| {name} | {paragraph_bleu:.2f} | - | {split_bleu:.2f} | {mwer_bleu:.2f} | {count}/{len(paragraphs)} |")
     # Where a line has no sentence-final punctuation no splitter can find its end: the paragraphs
     # whose lines all end with one show what splitting itself costs.
     punctuated = [k for k in range(len(paragraphs))

@@ -7,7 +7,7 @@ For each splitter and language it measures
   hard        hand-written hard cases passed (abbreviations, ordinals, decimals, ellipses, quotes after
               the period, "?!", lowercase after a period); French has hard cases only (no Multi30k text);
   sent/s      sentences per second: 3,000 train lines as 1,000 three-sentence paragraphs, best of 3.
-The raw splitters are compared (stripped pieces), not tfm's wrapper around the chosen one.
+The raw splitters are compared (stripped pieces), and tfm's wrapper around the chosen one.
 Prints a markdown table, the CPU and the date; it is quick (seconds) but shares the CPU with whatever runs.
 
 Usage: pip install pysbd sentencex && python bench/sentence_splitters.py [--data /work/shared/data/multi30k]
@@ -96,7 +96,16 @@ def sentencex_splitter(language: str) -> Splitter:
     return lambda text: list(sentencex.segment(language, text))
 
 
-SPLITTERS = {"pysbd": pysbd_splitter, "sentencex": sentencex_splitter}
+def tfm_splitter(language: str) -> Splitter:
+    """tfm's SentenceSplitter (sentencex, plus the mask that lets it cut before a sentence starting with a
+    number): text -> pieces."""
+    from tfm_cli.inference.sentence_splitting import SentenceSplitter
+
+    splitter = SentenceSplitter(language)
+    return lambda text: [text[start:end] for start, end in splitter.spans(text)]
+
+
+SPLITTERS = {"pysbd": pysbd_splitter, "sentencex": sentencex_splitter, "tfm (sentencex + number mask)": tfm_splitter}
 
 
 def split(splitter: Splitter, text: str) -> list[str]:

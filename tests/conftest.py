@@ -284,6 +284,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_score_model": "integration",
     "test_search": "integration",
     "test_search_scripted": "unit",
+    "test_resegment": "unit",
     "test_sentence_splitting": "unit",
     "test_paragraphs": "integration",
     "test_step_masks": "unit",

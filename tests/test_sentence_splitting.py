@@ -18,6 +18,7 @@ from tfm_cli.inference.sentence_splitting import (
     SentenceSplitter,
     join_sentences,
     merge_empty,
+    number_starts_masked,
     sentence_spans,
     splitter_language,
     word_offsets,
@@ -62,6 +63,32 @@ def test_a_german_paragraph_keeps_abbreviations_and_numbers(splitter_installed):
     line = "Das ist z. B. ein Test. Er wohnt in Haus Nr. 5 in Berlin. Was?! Ja."
     # "Das ist z. B. ein Test." | "Er wohnt in Haus Nr. 5 in Berlin." | "Was?!" | "Ja."
     assert sentence_spans(line, "de") == [(0, 23), (24, 57), (58, 63), (64, 67)]
+
+
+def test_a_sentence_that_starts_with_a_number_is_cut_off(splitter_installed):
+    # Multi30k's German often starts a caption with a digit; sentencex alone keeps these pairs together.
+    line = "Sechs Leute fahren durch eine Landschaft. 2 blonde Mädchen sitzen. Ein Kind planscht."
+    assert [line[a:b] for a, b in sentence_spans(line, "de")] == [
+        "Sechs Leute fahren durch eine Landschaft.", "2 blonde Mädchen sitzen.", "Ein Kind planscht."]
+    line = "He was born in 1990. 3 years later he left! 12 dogs barked."
+    assert [line[a:b] for a, b in sentence_spans(line, "en")] == [
+        "He was born in 1990.", "3 years later he left!", "12 dogs barked."]
+
+
+@pytest.mark.parametrize("line, language", [
+    ("Er wohnt in Haus Nr. 5 in Berlin.", "de"), ("Siehe S. 5 und Abb. 3 oben.", "de"),
+    ("Das ist ca. 5 km weit.", "de"), ("Das ist z.B. 5 km weit.", "de"), ("Das ist z. B. 5 km weit.", "de"),
+    ("See Fig. 3 for details.", "en"), ("The U.S. 5 states.", "en"), ("They live at No. 5 Main St. in London.", "en"),
+])
+def test_an_abbreviation_before_a_number_is_no_boundary(splitter_installed, line, language):
+    assert sentence_spans(line, language) == [(0, len(line))]
+
+
+def test_the_number_mask_keeps_length_and_touches_only_numbers_after_a_stop():
+    line = "Eine Landschaft. 23 Mädchen, 4 Jungen. Nr. 5 und z.B. 6 oder Was?  7 Leute"
+    masked = number_starts_masked(line)
+    assert masked == "Eine Landschaft. ZZ Mädchen, 4 Jungen. Nr. 5 und z.B. 6 oder Was?  Z Leute"
+    assert number_starts_masked("3.5 und 1990.4 bleiben") == "3.5 und 1990.4 bleiben"  # no space: no stop
 
 
 def test_no_split_inside_a_token_without_a_space(splitter_installed):

@@ -2,8 +2,9 @@
 
 The splitter is sentencex (the optional `sentences` extra), picked over pysbd with bench/sentence_splitters.py:
 hundreds of times faster (compiled), maintained, ~300 languages with fallbacks (pysbd raises on the rest),
-fewer misses on the German and French hard cases; on Multi30k paragraphs level in English and slightly behind
-in German (it never cuts before a sentence that starts with a digit, which German ordinals make ambiguous).
+fewer misses on the German and French hard cases. sentencex never cuts before a sentence that starts with a
+digit ("... eine Landschaft. 2 Mädchen sitzen."), which Multi30k's German has often; number_starts_masked lets
+it see those boundaries while keeping its abbreviation rules (bench/RESULTS.md, "Sentence splitters").
 Only the ASCII space separates sentences, as it alone separates words (alignment.word_char_offsets):
 a tab or a non-breaking space is part of a word, so no split happens there and spans are stripped of
 ASCII spaces only. Hence the words of the sentences, in order, are exactly the words of the line.
@@ -11,6 +12,7 @@ ASCII spaces only. Hence the words of the sentences, in order, are exactly the w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +21,9 @@ from tfm_cli.errors import TfmError
 Span = tuple[int, int]
 DEFAULT_LANGUAGE = "en"
 MISSING_SPLITTER = "--split-sentences needs a sentence splitter: pip install 'tfm-cli[sentences]'"
+# A word ending in . ! or ?, the spaces after it, and a number starting the next word.
+NUMBER_AFTER_STOP = re.compile(r"(?<!\S)(\S+[.!?])( +)(\d+)")
+SHORTEST_WORD_BEFORE_NUMBER = 4  # "Nr. 5", "ca. 3", "S. 12", "Abb. 2", "Art. 5": abbreviations are shorter
 
 
 def splitter_language(language: str) -> str:
@@ -53,7 +58,8 @@ class SentenceSplitter:
         """Character spans [start, end) of the sentences of `line`, in order; see sentence_spans."""
         if not line.strip():
             return []
-        cuts = [cut for cut in piece_ends(line, self.segment(line)) if 0 < cut < len(line)]
+        masked = number_starts_masked(line)  # same length as line, so the splitter's offsets are the line's
+        cuts = [cut for cut in piece_ends(masked, self.segment(masked)) if 0 < cut < len(line)]
         # A cut with no ASCII space beside it falls inside a word ("end.Next"): merge by not cutting there.
         cuts = [cut for cut in cuts if line[cut - 1] == " " or line[cut] == " "]
         return merge_empty(line, [strip_spaces(line, start, end) for start, end in zip([0, *cuts], [*cuts, len(line)])])
@@ -69,6 +75,25 @@ def sentence_spans(line: str, language: str) -> list[Span]:
     Raises TfmError when the `sentences` extra is not installed.
     """
     return SentenceSplitter(language).spans(line)
+
+
+def number_starts_masked(line: str) -> str:
+    """`line` with each number that follows a sentence stop replaced by as many "Z"s: a str of the same length.
+
+    Splitters treat a period followed by a digit as no boundary; followed by a capital letter, they cut
+    unless the word before is an abbreviation they know. The mask hands that decision to them. A stop
+    after a word with an inner period ("z.B.", "U.S.") or shorter than SHORTEST_WORD_BEFORE_NUMBER
+    letters before "." is left alone, since such words are mostly abbreviations that take a number.
+    """
+
+    def mask(match: re.Match[str]) -> str:
+        word, spaces, number = match.groups()
+        stem = word.rstrip(".!?")
+        if word.endswith(".") and (len(stem) < SHORTEST_WORD_BEFORE_NUMBER or "." in stem):
+            return match.group(0)
+        return word + spaces + "Z" * len(number)
+
+    return NUMBER_AFTER_STOP.sub(mask, line)
 
 
 def piece_ends(line: str, pieces: list[str]) -> list[int]:
