@@ -5,10 +5,13 @@ reverse model's (target->source) pairs already transposed into (src, tgt) order.
 are the ones of Och & Ney (2003) and Koehn et al. (2003), as Moses, fast_align's atools and
 eflomal's users run them: intersection (high precision), union (high recall), and
 grow-diag-final-and (the usual default: start from the intersection, grow into neighbouring union
-points, then add union points whose words are both still unaligned).
+points, then add union points whose words are both still unaligned). `voted` combines any number of
+alignments of one sentence pair, e.g. several runs of a sampling aligner such as eflomal.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 AlignmentPair = tuple[int, int]
 NEIGHBOURS = ((-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1))  # diagonals last
@@ -73,6 +76,15 @@ def grow_diag_final_and(forward: list[AlignmentPair], backward: list[AlignmentPa
             if point[0] not in src_aligned and point[1] not in tgt_aligned:
                 add(point)
     return ordered(alignment)
+
+
+def voted(alignments: list[list[AlignmentPair]], at_least: int) -> list[AlignmentPair]:
+    """The (src, tgt) pairs that at least `at_least` of `alignments` (each one alignment of the same
+    sentence pair; a pair repeated within one counts once) have, sorted by (tgt, src)."""
+    if at_least < 1:
+        raise ValueError(f"at_least must be 1 or more, not {at_least}")
+    votes = Counter(pair for alignment in alignments for pair in set(alignment))
+    return ordered({pair for pair, count in votes.items() if count >= at_least})
 
 
 SYMMETRIZATIONS = {
