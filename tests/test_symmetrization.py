@@ -91,13 +91,17 @@ def run_symmetrize_script(arguments: list[str], monkeypatch, capsys) -> tuple[in
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(sys, "argv", ["symmetrize.py", *arguments])
+    message = ""
     try:
         module.main()
         code = 0
     except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+        if isinstance(exit_.code, str):  # sys.exit("...") : Python prints it on stderr and exits with 1
+            code, message = 1, exit_.code + "\n"
+        else:
+            code = exit_.code or 0
     captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return code, captured.out, captured.err + message
 
 
 def test_the_recipe_script_votes_over_runs_line_by_line(tmp_path, monkeypatch, capsys):
@@ -130,3 +134,8 @@ def test_the_recipe_script_refuses_unpaired_files_and_impossible_votes(tmp_path,
     assert code == 2 and out == "" and "give a forward and a reverse file for each run (got 3 files" in err
     code, out, err = run_symmetrize_script([str(path)] * 2 + ["--at-least", "2"], monkeypatch, capsys)
     assert code == 2 and out == "" and "--at-least must be between 1 and the number of runs (1), not 2" in err
+    longer = tmp_path / "longer"
+    longer.write_text("0-0\n1-1\n", encoding="utf-8")
+    code, out, err = run_symmetrize_script([str(path), str(longer)], monkeypatch, capsys)
+    assert code == 1 and out == "0-0\n"
+    assert "after line 1: the files differ in length" in err and "Traceback" not in err

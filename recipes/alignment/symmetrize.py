@@ -30,13 +30,17 @@ def main() -> None:
     combine = SYMMETRIZATIONS[args.method]
     with ExitStack() as stack:
         files = [stack.enter_context(open(path, encoding="utf-8")) for path in args.files]
-        for number, lines in enumerate(zip(*files, strict=True), start=1):
-            try:
-                runs = [combine(parse_pharaoh(fwd), parse_pharaoh(rev)) for fwd, rev in zip(lines[::2], lines[1::2])]
-            except ValueError as error:
-                sys.exit(f"line {number}: {error}")
-            pairs = voted(runs, args.at_least)
-            sys.stdout.write(pharaoh(ordered(set(transpose_pairs(pairs))) if args.transpose else pairs) + "\n")
+        number = 0
+        try:
+            for number, lines in enumerate(zip(*files, strict=True), start=1):
+                try:
+                    runs = [combine(parse_pharaoh(fwd), parse_pharaoh(rev)) for fwd, rev in zip(lines[::2], lines[1::2])]
+                except ValueError as error:
+                    sys.exit(f"line {number}: {error}")
+                pairs = voted(runs, args.at_least)
+                sys.stdout.write(pharaoh(ordered(set(transpose_pairs(pairs))) if args.transpose else pairs) + "\n")
+        except ValueError as error:  # from zip(strict=True): one file ended before the others
+            sys.exit(f"after line {number}: the files differ in length ({error}); give files of the same corpus")
 
 
 if __name__ == "__main__":
