@@ -117,6 +117,7 @@ def search_beams(
             top_scores, top_beams, top_tokens = best_candidates(log_probs, scores, beam)  # (n, 2k) each
         else:
             top_scores, top_beams, top_tokens = tracker.candidates(log_probs, scores, beam)
+        del log_probs  # the step's largest tensor (rows x vocabulary): freed before the next step makes another
         is_eos = top_tokens == eos
         closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
         if bool(closing_eos.any()):
