@@ -163,7 +163,26 @@ def test_training_with_sampled_segmentations_resumes_exactly(tmp_path, letters):
     assert any(not torch.equal(unsampled[name], expected[name]) for name in expected)
 
 
+def test_sampling_from_a_later_epoch_trains_the_epochs_before_it_on_the_best_segmentations(tmp_path, letters):
+    def trained(name: str, **values) -> dict[str, torch.Tensor]:
+        result = run_cli(["train", TINY, "--run", tmp_path / name, "--threads", "1", *sampled_settings(letters, **values)])
+        assert result.exit_code == 0, result.stderr
+        return weights(tmp_path / name / "checkpoint_last.safetensors")
+
+    # The linear schedule's length depends on max_epochs, so runs are compared at equal max_epochs.
+    late_one_epoch = trained("late1", **{"train.max_epochs": 1, "data.subword_sampling_from_epoch": 2})
+    plain_one_epoch = trained("plain1", **{"train.max_epochs": 1, "data.subword_nbest": 1})
+    for name in plain_one_epoch:
+        assert torch.equal(late_one_epoch[name], plain_one_epoch[name]), name
+    late = trained("late2", **{"train.max_epochs": 2, "data.subword_sampling_from_epoch": 2})
+    plain = trained("plain2", **{"train.max_epochs": 2, "data.subword_nbest": 1})
+    early = trained("early2", **{"train.max_epochs": 2})
+    assert any(not torch.equal(late[name], plain[name]) for name in plain)  # epoch 2 drew segmentations
+    assert any(not torch.equal(late[name], early[name]) for name in early)  # epoch 1 did not
+
+
 @pytest.mark.parametrize(("setting", "message"), [
+    ("data.subword_sampling_from_epoch=0", "data.subword_sampling_from_epoch counts epochs from 1, got 0"),
     ("data.subword_nbest=0", "data.subword_nbest must be 1 .off. to 1000, got 0"),
     ("data.subword_alpha=-1", r"data.subword_alpha must be in \[0, 100\], got -1"),
     ("data.train_alignment=links.txt", "use one of the two"),

@@ -61,6 +61,10 @@ class DataConfig:
     # which validation and inference use in any case. Needs a unigram sentencepiece model.
     subword_nbest: int = 1
     subword_alpha: float = 0.1
+    # The first epoch (counting from 1, as the log does) whose segmentations are drawn; the epochs
+    # before it train on the best segmentation. Sampling slows the first epochs' progress, so a
+    # short run can gain from starting it later (recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
+    subword_sampling_from_epoch: int = 1
 
     def __post_init__(self) -> None:
         for name in ("train_src", "train_tgt"):
@@ -79,6 +83,10 @@ class DataConfig:
             raise TfmError(f"data.subword_nbest must be 1 (off) to {MAX_SUBWORD_NBEST}, got {self.subword_nbest}")
         if not 0 <= self.subword_alpha <= MAX_SUBWORD_ALPHA:
             raise TfmError(f"data.subword_alpha must be in [0, {MAX_SUBWORD_ALPHA:g}], got {self.subword_alpha}")
+        if self.subword_sampling_from_epoch < 1:
+            raise TfmError(
+                f"data.subword_sampling_from_epoch counts epochs from 1, got {self.subword_sampling_from_epoch}"
+            )
         if self.train_alignment and self.subword_nbest > 1:
             raise TfmError(
                 "data.train_alignment's word links are placed on the best segmentation of each pair, but "

@@ -156,7 +156,9 @@ class Trainer:
             self.segmentations = SegmentationSampler(data.train, data.src_tokenizer, data.tgt_tokenizer, settings,
                                                      config.seed, self.special_ids.eos_id)
             epoch_lengths = self.epoch_lengths
-            on_event(PhaseEvent(f"subword regularization: every epoch draws each training sentence's segmentation "
+            first = recipe.data.subword_sampling_from_epoch
+            which_epochs = "every epoch" if first == 1 else f"from epoch {first} on, every epoch"
+            on_event(PhaseEvent(f"subword regularization: {which_epochs} draws each training sentence's segmentation "
                                 f"from its {settings.nbest} best, with probability proportional to P ** {settings.alpha:g}"))
         self.sampler = EpochSampler(
             data.train.src_lengths, data.train.tgt_lengths, config.max_tokens, config.seed, config.update_freq, world,
@@ -178,8 +180,9 @@ class Trainer:
             yield [batch.to(self.device) for batch in batches]
 
     def epoch_corpus(self, epoch: int) -> TokenizedCorpus:
-        """The training corpus as epoch `epoch` segments it (the prepared one unless subwords are sampled)."""
-        if self.segmentations is None:
+        """The training corpus as epoch `epoch` (0-based) segments it: the prepared one unless subwords are
+        sampled in that epoch (data.subword_nbest > 1, from data.subword_sampling_from_epoch on)."""
+        if self.segmentations is None or epoch + 1 < self.recipe.data.subword_sampling_from_epoch:
             return self.data.train
         return self.segmentations.epoch_corpus(epoch)
 
