@@ -62,8 +62,8 @@ class DataConfig:
     subword_nbest: int = 1
     subword_alpha: float = 0.1
     # The first epoch (counting from 1, as the log does) whose segmentations are drawn; the epochs
-    # before it train on the best segmentation. Sampling slows the first epochs' progress, so a
-    # short run can gain from starting it later (recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
+    # before it train on the best segmentation (sampling slows the first epochs' progress; what a
+    # later start gave on Multi30k: recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
     subword_sampling_from_epoch: int = 1
 
     def __post_init__(self) -> None:
