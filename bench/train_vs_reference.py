@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfm_cli.allocator import keep_all_freed_memory
 from tfm_cli.config import ModelConfig
 from tfm_cli.corpus_cache import prepare_corpus
 from tfm_cli.corpus_filters import FilterSettings
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-train"))
     parser.add_argument("--bf16", action="store_true", help="also time tfm's step under bf16 autocast")
     args = parser.parse_args()
+    keep_all_freed_memory()  # the allocator settings `tfm train` runs with (bench/train_allocator.py)
     args.workdir.mkdir(parents=True, exist_ok=True)
     tokenizer, batches = load_batches(MULTI30K, args.workdir, args.vocab_size, args.max_tokens, args.steps + 1)
     warmup, batches = batches[0], batches[1:]

@@ -1,5 +1,5 @@
-"""Let glibc's malloc keep freed memory for reuse, for commands that decode step by step; or give a
-burst of freed memory back at once, for training after it builds an epoch.
+"""Let glibc's malloc keep freed memory for reuse, for commands that decode step by step and for
+training; or give a burst of freed memory back at once, for training after it builds an epoch.
 
 Every decoding step allocates and frees tensors of a few megabytes (the logits, the reordered
 self-attention caches, the layers' outputs), most of them the same size as the step before.
@@ -16,13 +16,26 @@ torch's CPU allocator calls malloc directly and keeps no cache of its own.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 # glibc's <malloc.h>: parameter numbers for mallopt().
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 # The largest M_MMAP_THRESHOLD glibc accepts on 64-bit systems (HEAP_MAX_SIZE / 2).
 LARGEST_MMAP_THRESHOLD = 32 * 1024 * 1024
 NEVER_TRIM = 2**31 - 1  # mallopt takes a C int
+
+
+def glibc_mallopt() -> Callable[[int, int], int] | None:
+    """The C library's mallopt(parameter, value), or None where there is none (macOS)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt
 
 
 def keep_freed_memory() -> bool:
@@ -32,13 +45,27 @@ def keep_freed_memory() -> bool:
     Returns True when glibc accepted both settings; False elsewhere (macOS has no `mallopt`,
     musl's rejects them), and then nothing changed.
     """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
+    mallopt = glibc_mallopt()
+    if mallopt is None:
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def keep_all_freed_memory() -> bool:
+    """Serve every block, however large, from malloc's heap and never shrink it: for training.
+
+    A training step allocates and frees blocks of tens to hundreds of megabytes (the (tokens x
+    vocabulary) logits, their log-probabilities and gradients), above the largest mmap threshold glibc
+    accepts, so with keep_freed_memory they would still come from fresh mmaps, page-faulted and zeroed
+    again every step (~350 MB per update for the Multi30k model; bench/RESULTS.md, "Training and the
+    allocator"). With mmap switched off they are reused from the heap. return_freed_memory still
+    gives the heap's free pages back after an epoch is built. Changes the whole process's allocator;
+    returns True when glibc accepted both settings, False where there is no glibc (nothing changed).
+    """
+    mallopt = glibc_mallopt()
+    if mallopt is None:
+        return False
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
 
 
 def return_freed_memory() -> bool:

@@ -288,10 +288,12 @@ def train(
 ) -> None:
     """Train a Transformer from a recipe, with checkpoints, validation BLEU and exact resume."""
 
+    from tfm_cli.allocator import keep_all_freed_memory
     from tfm_cli.distributed import world_from_env
     from tfm_cli.training.initialization import load_run_recipe
     from tfm_cli.training.trainer import run_training
 
+    keep_all_freed_memory()  # every update frees and re-allocates the same large blocks (see allocator.py)
     apply_threads(ctx, threads)
     run_dir = Path(run)
     if compile_model:
