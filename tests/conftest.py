@@ -286,6 +286,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_search_scripted": "unit",
     "test_resegment": "unit",
     "test_sentence_splitting": "unit",
+    "test_sentence_concatenation": "unit",
     "test_paragraphs": "integration",
     "test_step_masks": "unit",
     "test_step_threads": "integration",
@@ -313,6 +314,9 @@ MODULE_TIERS: dict[str, str] = {
 
 # Tests whose tier differs from their module's, by "module::test_function" (every parametrization of it).
 TEST_TIERS: dict[str, str] = {
+    # integration: `tfm train` runs on the letter data; the rest are pure functions
+    "test_sentence_concatenation::test_training_with_joined_pairs_resumes_exactly_and_uses_them": "integration",
+    "test_sentence_concatenation::test_bad_concatenation_settings_are_one_line": "integration",
     # unit: textio.read_chunks on a generator, no process
     "test_answers_each_line::test_read_chunks_hands_out_the_lines_before_a_bad_one_then_raises": "unit",
     "test_answers_each_line::test_read_chunks_reads_at_most_two_chunks_ahead": "unit",

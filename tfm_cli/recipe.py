@@ -65,6 +65,10 @@ class DataConfig:
     # before it train on the best segmentation (sampling slows the first epochs' progress; what a
     # later start gave on Multi30k: recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
     subword_sampling_from_epoch: int = 1
+    # Sentence concatenation (sentence_concatenation.py): every epoch this share of the training pairs is
+    # trained joined to another random pair (source after source, target after target), so that the
+    # model translates a line holding several sentences whole. 0 is off.
+    concatenation_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("train_src", "train_tgt"):
@@ -86,6 +90,13 @@ class DataConfig:
         if self.subword_sampling_from_epoch < 1:
             raise TfmError(
                 f"data.subword_sampling_from_epoch counts epochs from 1, got {self.subword_sampling_from_epoch}"
+            )
+        if not 0 <= self.concatenation_share <= 1:
+            raise TfmError(f"data.concatenation_share must be in [0, 1] (0 is off), got {self.concatenation_share}")
+        if self.train_alignment and self.concatenation_share > 0:
+            raise TfmError(
+                "data.train_alignment's word links belong to single pairs, but data.concatenation_share > 0 "
+                "joins pairs; use one of the two"
             )
         if self.train_alignment and self.subword_nbest > 1:
             raise TfmError(

@@ -20,6 +20,7 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.recipe import Recipe
+from tfm_cli.sentence_concatenation import SentenceConcatenation
 from tfm_cli.subword_sampling import SamplingSettings, SegmentationSampler
 from tfm_cli.textio import atomic_write_bytes
 from tfm_cli.training.events import (
@@ -160,6 +161,14 @@ class Trainer:
             which_epochs = "every epoch" if first == 1 else f"from epoch {first} on, every epoch"
             on_event(PhaseEvent(f"subword regularization: {which_epochs} draws each training sentence's segmentation "
                                 f"from its {settings.nbest} best, with probability proportional to P ** {settings.alpha:g}"))
+        # Sentence concatenation (data.concatenation_share > 0): each epoch joins a share of the pairs.
+        self.concatenation = None
+        if recipe.data.concatenation_share > 0:
+            self.concatenation = SentenceConcatenation(recipe.data.concatenation_share, recipe.data.max_length,
+                                                       config.seed)
+            epoch_lengths = self.epoch_lengths
+            on_event(PhaseEvent(f"sentence concatenation: every epoch trains {recipe.data.concatenation_share:.0%} "
+                                "of the pairs joined to another random pair"))
         self.sampler = EpochSampler(
             data.train.src_lengths, data.train.tgt_lengths, config.max_tokens, config.seed, config.update_freq, world,
             parts, epoch_lengths,
@@ -180,11 +189,15 @@ class Trainer:
             yield [batch.to(self.device) for batch in batches]
 
     def epoch_corpus(self, epoch: int) -> TokenizedCorpus:
-        """The training corpus as epoch `epoch` (0-based) segments it: the prepared one unless subwords are
-        sampled in that epoch (data.subword_nbest > 1, from data.subword_sampling_from_epoch on)."""
-        if self.segmentations is None or epoch + 1 < self.recipe.data.subword_sampling_from_epoch:
-            return self.data.train
-        return self.segmentations.epoch_corpus(epoch)
+        """The training corpus of epoch `epoch` (0-based): the prepared one, segmented anew where subwords are
+        sampled in that epoch (data.subword_nbest > 1, from data.subword_sampling_from_epoch on), then with a
+        share of its pairs joined (data.concatenation_share > 0)."""
+        corpus = self.data.train
+        if self.segmentations is not None and epoch + 1 >= self.recipe.data.subword_sampling_from_epoch:
+            corpus = self.segmentations.epoch_corpus(epoch)
+        if self.concatenation is not None:
+            corpus = self.concatenation.epoch_corpus(corpus, epoch)
+        return corpus
 
     def epoch_lengths(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(src, tgt) (N,) lengths of epoch `epoch`'s corpus, EOS included."""
