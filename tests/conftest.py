@@ -8,6 +8,7 @@ the repository. Only tests about Multi30k itself ask for `multi30k_dir`.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -208,6 +209,51 @@ def letter_settings(letters: dict[str, Path], **values: object) -> list[str]:
     return [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
 
 
+def assert_one_line_error(result: CliResult, message: str) -> None:
+    """The command failed, without a traceback, and stderr is one line matching the regular expression `message`."""
+    assert result.exit_code != 0
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+    assert re.search(message, result.stderr), result.stderr
+
+
+def trained_tiny(run_dir: Path, settings: list[str]) -> dict[str, torch.Tensor]:
+    """Train recipes/tiny.toml into `run_dir` in-process on one thread with `settings` (`--set` options),
+    asserting it succeeded. Returns the weights of its checkpoint_last (tokenizer tensors left out)."""
+    result = run_cli(["train", REPO_ROOT / "recipes" / "tiny.toml", "--run", run_dir, "--threads", "1", *settings])
+    assert result.exit_code == 0, result.stderr
+    return checkpoint_weights(run_dir / "checkpoint_last.safetensors")
+
+
+def small_training_settings(letters: dict[str, Path], **values: object) -> list[str]:
+    """letter_settings for short deterministic runs: no dropout, 200-token batches (16 updates cross into a
+    second epoch), no validation within them; `values` added or overriding."""
+    return letter_settings(letters, **{"model.dropout": 0.0, "train.max_tokens": 200, "train.valid_every": 1000,
+                                       **values})
+
+
+def assert_resume_is_exact_and_setting_used(tmp_path: Path, settings: list[str], off: dict[str, object]) -> None:
+    """trained_tiny with `settings` for 16 updates straight, and for 9 then `tfm train --resume` to 16: asserts
+    both end with the same weights, and that the same 16 updates with the `off` values end elsewhere."""
+    expected = trained_tiny(tmp_path / "straight", [*settings, "--set", "train.max_steps=16"])
+    trained_tiny(tmp_path / "resumed", [*settings, "--set", "train.max_steps=9"])
+    result = run_cli(["train", "--run", tmp_path / "resumed", "--resume", "--threads", "1", "--set", "train.max_steps=16"])
+    assert result.exit_code == 0, result.stderr
+    got = checkpoint_weights(tmp_path / "resumed" / "checkpoint_last.safetensors")
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    off_settings = [item for key, value in off.items() for item in ("--set", f"{key}={value}")]
+    without = trained_tiny(tmp_path / "off", [*settings, "--set", "train.max_steps=16", *off_settings])
+    assert any(not torch.equal(without[name], expected[name]) for name in expected)
+
+
+def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of checkpoint `path` but the tokenizer's."""
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(path)).items() if not k.startswith("tokenizer.")}
+
+
 def rewritten_checkpoint(source: Path, target: Path, metadata=None, tensors=None) -> Path:
     """A copy of checkpoint `source` at `target`, its metadata dict and/or tensor dict edited in place
     by the callbacks `metadata(meta)` and `tensors(weights)`; returns `target`."""
@@ -317,6 +363,7 @@ TEST_TIERS: dict[str, str] = {
     # integration: `tfm train` runs on the letter data; the rest are pure functions
     "test_sentence_concatenation::test_training_with_joined_pairs_resumes_exactly_and_uses_them": "integration",
     "test_sentence_concatenation::test_bad_concatenation_settings_are_one_line": "integration",
+    "test_sentence_concatenation::test_the_training_log_says_what_share_is_joined": "integration",
     # unit: textio.read_chunks on a generator, no process
     "test_answers_each_line::test_read_chunks_hands_out_the_lines_before_a_bad_one_then_raises": "unit",
     "test_answers_each_line::test_read_chunks_reads_at_most_two_chunks_ahead": "unit",

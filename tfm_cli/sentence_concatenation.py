@@ -70,7 +70,8 @@ def drawn_partners(
     # A partner drawn among the other N - 1 rows: skip over row i itself.
     partners = torch.randint(0, rows - 1, (rows,), generator=generator)
     partners += (partners >= torch.arange(rows)).long()
-    fits = (src_lengths + src_lengths[partners] - 1 <= max_length) & (tgt_lengths + tgt_lengths[partners] - 1 <= max_length)
+    fits = ((src_lengths + src_lengths[partners] - 1 <= max_length)
+            & (tgt_lengths + tgt_lengths[partners] - 1 <= max_length))
     return torch.where(chosen & fits, partners, torch.full_like(partners, -1))
 
 
