@@ -91,9 +91,15 @@ def cpu_flags() -> str:
     return f"{model}; flags: {' '.join(flag for flag in flags if flag.startswith(('avx', 'amx')))}"
 
 
-def main() -> None:
-    """Print markdown tables: whole-process wall time and BLEU per engine, the one-line cost, peak RSS."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_header(args: argparse.Namespace, env: dict[str, str]) -> str:
+    """The line a table starts with: when, which CPU (its vector flags), the wait policy, the model, the runs."""
+    return (f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_flags()}; "
+            f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', '(unset)')}; model {args.model}; {args.runs} runs")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, workdir: Path) -> None:
+    """The options of a whole-process comparison: model, data, runs, beams, precisions, length limit,
+    work folder, the tfm script and the OpenMP wait policy (bench/decoding_workers.py shares them)."""
     parser.add_argument("--model", type=Path, required=True, help="tfm checkpoint (.safetensors)")
     parser.add_argument("--source", type=Path, default=MULTI30K / "test_2016_flickr.de")
     parser.add_argument("--reference", type=Path, default=MULTI30K / "test_2016_flickr.en")
@@ -101,11 +107,17 @@ def main() -> None:
     parser.add_argument("--beams", default="5,1")
     parser.add_argument("--dtypes", default="float32,int8")
     parser.add_argument("--max-len-b", type=int, default=79, help="at most this many tokens + EOS per output")
+    parser.add_argument("--policy", default="", help="set OMP_WAIT_POLICY for every process (default: as inherited)")
+    parser.add_argument("--workdir", type=Path, default=workdir)
+    parser.add_argument("--tfm", default=str(Path(sys.executable).with_name("tfm")), help="the tfm console script")
+
+
+def main() -> None:
+    """Print markdown tables: whole-process wall time and BLEU per engine, the one-line cost, peak RSS."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser, workdir=Path("/tmp/tfm-bench-whole"))
     parser.add_argument("--memory-batch-sizes", default="32,128", help="peak RSS rows at these equal batch sizes")
     parser.add_argument("--one-line-runs", type=int, default=5)
-    parser.add_argument("--policy", default="", help="set OMP_WAIT_POLICY for every process (default: as inherited)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-whole"))
-    parser.add_argument("--tfm", default=str(Path(sys.executable).with_name("tfm")), help="the tfm console script")
     args = parser.parse_args()
     env = dict(os.environ)
     if args.policy:
@@ -124,8 +136,7 @@ def main() -> None:
         return [sys.executable, "-c", CTRANSLATE2, str(folders[dtype]), str(spm), str(args.source), str(output),
                 beam, batch_size, str(args.max_len_b + 1)]
 
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_flags()}; "
-          f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', '(unset)')}; model {args.model}; {args.runs} runs")
+    print(run_header(args, env))
     print("\n| beam | precision | tfm wall s | CTranslate2 wall s | tfm faster by | per run | tfm BLEU | CT2 BLEU |"
           " tfm peak RSS MiB | CT2 peak RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -329,6 +329,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_score_metrics": "integration",
     "test_score_model": "integration",
     "test_search": "integration",
+    "test_search_workers": "system",
     "test_search_scripted": "unit",
     "test_resegment": "unit",
     "test_sentence_splitting": "unit",

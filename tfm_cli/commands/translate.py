@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Optional
@@ -87,6 +88,7 @@ def translate(
     device: str = device_option(),
     dtype: str = dtype_option(),
     threads: int = threads_option(),
+    workers: int = typer.Option(1, "--workers", help="Processes that search batches side by side, one CPU thread each (CPU only; e.g. one per core; same translations, more memory)."),
     progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
@@ -100,30 +102,23 @@ def translate(
     from tfm_cli.checkpoint import load_model
     from tfm_cli.checkpoint_metadata import DECODE_DEFAULT_KEYS
     from tfm_cli.inference.settings import resolve_decode
-    from tfm_cli.textio import (
-        DecodeStats,
-        check_input_file,
-        iter_lines,
-        open_output,
-        thread_stdin,
-    )
+    from tfm_cli.textio import check_input_file
     from tfm_cli.inference.glossary import Glossary
     from tfm_cli.inference.sentence_splitting import SentenceSplitter
     from tfm_cli.inference.settings import resolve_alignment
     from tfm_cli.inference.markup import MARKUP_MODES
     from tfm_cli.inference.text_preparation import TextOptions
-    from tfm_cli.inference.translation import (
-        BatchingConfig,
-        OutputFormat,
-        TranslationStats,
-        Translator,
-        translate_stream,
-    )
+    from tfm_cli.inference.search_workers import SearchWorkers
+    from tfm_cli.inference.translation import BatchingConfig, OutputFormat, Translator
 
     keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
     apply_threads(ctx, threads)
     if input != "-":
         check_input_file(input)
+    elif sys.stdin is None:
+        raise TfmError("stdin is closed; give the input file with -i FILE")
+    if workers < 1:
+        raise TfmError(f"--workers must be at least 1, got {workers}")
     flags = dict(
         beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
         sample=sample, sample_top_k=top_k, sample_top_p=top_p, temperature=temperature, seed=seed,
@@ -159,15 +154,27 @@ def translate(
         shown = [key for key in DECODE_DEFAULT_KEYS if key in flags or key in loaded.decode_defaults]
         used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
         print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
-    translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options)
-    output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty)
+    # Forked before any thread of tfm's starts (the line reader, the progress bar), with nothing left in
+    # the output buffers for a worker to write again when it exits.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with SearchWorkers(loaded.model, decode, workers) if workers > 1 else contextlib.nullcontext() as pool:
+        translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options, workers=pool)
+        output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty)
+        translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet)
 
-    if input == "-" and sys.stdin is None:
-        raise TfmError("stdin is closed; give the input file with -i FILE")
+
+def translate_lines(translator, input: str, output: str, output_format, show_progress: bool, quiet: bool) -> None:
+    """Translate the lines of `input` with `translator` into `output` (paths, or `-` for stdin and
+    stdout) in `output_format`, with a progress bar when asked or when the input is a file and stderr
+    a terminal; then report on stderr."""
+    from tfm_cli.inference.translation import TranslationStats, translate_stream
+    from tfm_cli.textio import DecodeStats, iter_lines, open_output, thread_stdin
+
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
     lines = iter_lines(input, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if input == "-" else None)
-    show_progress = not quiet and (progress or (input != "-" and sys.stderr.isatty()))
+    show_progress = not quiet and (show_progress or (input != "-" and sys.stderr.isatty()))
     if input == "-" and sys.stdin.isatty():
         # Without this a person who forgot `-i` or a pipe sees nothing happen.
         print_info("reading source lines from stdin (Ctrl-D to end)", quiet=quiet)

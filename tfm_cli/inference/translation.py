@@ -32,11 +32,12 @@ from tfm_cli.inference.constraints import phrases_met
 from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.config import AlignmentConfig, DecodeConfig
-from tfm_cli.inference.decoding import TransformerDecoder, max_output_lengths, padded_length, source_batch
+from tfm_cli.inference.decoding import max_output_lengths, padded_length
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
-from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
+from tfm_cli.inference.search import Hypothesis
+from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_batch
 from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
 
 # How a warning about a truncated line ends when the line was not split into sentences.
@@ -87,7 +88,8 @@ class Translator:
     """Translates chunks of raw lines with one loaded model (tokenize, batch, search, detokenize).
 
     `source_prefix` ids go before every source's own ids: a multilingual Marian model's `>>xx<<`
-    target-language tag (vocabulary.language_tag_id). Word alignments leave them out.
+    target-language tag (vocabulary.language_tag_id). Word alignments leave them out. `workers`:
+    forked processes of the same model and decode settings that search the batches instead of this one.
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class Translator:
         alignment: AlignmentConfig | None = None,
         source_prefix: tuple[int, ...] = (),
         text: TextOptions = TextOptions(),
+        workers: SearchWorkers | None = None,
     ) -> None:
         self.loaded = loaded
+        self.workers = workers
         self.model = loaded.model
         self.decode = decode
         self.length_penalty = decode_length_penalty(decode)
@@ -178,7 +182,7 @@ class Translator:
                 constraints[i] = self.encode_phrases(phrases[i], len(sources[i]) + 1, results[i].warnings)
         searched = search_batches(
             self.model, sources, self.decode, self.batching, constraints=constraints if self.constrained else None,
-            seeds={i: self.decode.seed + seed_indices[i] for i in sources},
+            seeds={i: self.decode.seed + seed_indices[i] for i in sources}, workers=self.workers,
         )
         for batch, hypotheses in searched:
             for i, hyps in zip(batch, hypotheses):
@@ -299,24 +303,30 @@ def search_batches(
     first_index: int = 0,
     constraints: dict[int, list[list[int]]] | None = None,
     seeds: dict[int, int] | None = None,
+    workers: SearchWorkers | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
 
-    Yields (line indices of a batch, n-best hypotheses per line). Sampling draws line i's samples
-    from seeds[i], by default decode.seed + first_index + i, so they depend on the line, not on its
-    batch or chunk. constraints: per line, target phrases (token ids) its outputs must hold.
+    Yields (line indices of a batch, n-best hypotheses per line), batch by batch in bucketed_batches'
+    order. Sampling draws line i's samples from seeds[i], by default decode.seed + first_index + i, so
+    they depend on the line, not on its batch or chunk. constraints: per line, target phrases (token
+    ids) its outputs must hold. workers: search the batches in these processes instead of this one
+    (the same hypotheses).
     """
-    device = next(model.parameters()).device
-    for batch in bucketed_batches(sources, batching):
-        decoder = TransformerDecoder(model, source_batch([sources[i] for i in batch], model.config, device))
-        with torch.inference_mode():
-            if decode.sample:
-                batch_seeds = [seeds[i] if seeds else decode.seed + first_index + i for i in batch]
-                hypotheses = search_samples(decoder, decode, batch_seeds)
-            else:
-                phrases = [constraints.get(i, []) for i in batch] if constraints else None
-                hypotheses = search_beams(decoder, decode, phrases)
-        yield batch, hypotheses
+    batches = list(bucketed_batches(sources, batching))
+    jobs = (
+        SearchJob(
+            sources=[sources[i] for i in batch],
+            seeds=[seeds[i] if seeds else decode.seed + first_index + i for i in batch] if decode.sample else None,
+            phrases=[constraints.get(i, []) for i in batch] if constraints and not decode.sample else None,
+        )
+        for batch in batches
+    )
+    if workers is not None:
+        yield from zip(batches, workers.search(jobs))
+        return
+    for batch, job in zip(batches, jobs):
+        yield batch, search_batch(model, job, decode)
 
 
 def translate_stream(
