@@ -22,7 +22,7 @@ from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Tran
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 
 # Small batches, so that a chunk has many and the workers answer them out of order.
-SMALL_BATCHES = BatchingConfig(buffer_size=90, batch_size=7)
+SMALL_BATCHES = BatchingConfig(buffer_size=40, batch_size=5)
 
 
 def translations(translator: Translator, lines: list[str]) -> list[list[tuple]]:
@@ -42,12 +42,12 @@ def translations(translator: Translator, lines: list[str]) -> list[list[tuple]]:
 ], ids=["beam 5, 2-best", "greedy", "sampling"])
 def test_workers_give_the_translations_of_one_process(decode):
     loaded = load_model(trained_checkpoint())
-    lines = held_out_sources()[:150] + ["", "   "]
+    lines = held_out_sources()[:60] + ["", "   "]
     alone = translations(Translator(loaded, decode, SMALL_BATCHES), lines)
     with SearchWorkers(loaded.model, decode, 2) as workers:
         shared = translations(Translator(loaded, decode, SMALL_BATCHES, workers=workers), lines)
     assert shared == alone
-    assert sum(1 for outputs in alone if outputs) == 150
+    assert sum(1 for outputs in alone if outputs) == 60
 
 
 def test_workers_meet_constraints_as_one_process():
@@ -65,16 +65,16 @@ def test_workers_meet_constraints_as_one_process():
 
 def test_the_cli_writes_the_same_bytes_with_workers(tmp_path):
     source = tmp_path / "source.txt"
-    source.write_text("".join(line + "\n" for line in held_out_sources()[:120] + [""] * 3), encoding="utf-8")
+    source.write_text("".join(line + "\n" for line in held_out_sources()[:60] + [""] * 3), encoding="utf-8")
     outputs = {}
     for workers in ("1", "2"):
         out = tmp_path / f"out{workers}.txt"
         result = run_tfm_process(["translate", "-m", trained_checkpoint(), "-i", source, "-o", out, "--scores",
-                                  "--batch-size", "9", "--threads", "2", "--workers", workers])
+                                  "--batch-size", "6", "--threads", "2", "--workers", workers])
         assert result.returncode == 0, result.stderr.decode()
         assert b"Traceback" not in result.stderr
         outputs[workers] = out.read_bytes()
-    assert outputs["2"] == outputs["1"] and outputs["1"].count(b"\n") == 123
+    assert outputs["2"] == outputs["1"] and outputs["1"].count(b"\n") == 63
 
 
 def test_a_worker_that_fails_is_one_error():
