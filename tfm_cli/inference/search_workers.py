@@ -98,6 +98,7 @@ class SearchWorkers:
             raise TfmError("--workers runs CPU processes: use it with --device cpu, or leave it out on a GPU")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise TfmError("--workers needs a system that can fork processes (Linux or macOS); leave it out here")
+        self.decode = decode  # every worker searches with these settings
         context = multiprocessing.get_context("fork")
         self.jobs = context.Queue()
         self.answers = context.Queue()

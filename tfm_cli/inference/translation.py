@@ -121,6 +121,8 @@ class Translator:
                 "--constraints belong to a whole line, which --split-sentences cuts into sentences: "
                 "use --glossary, whose terms are found in each sentence"
             )
+        if workers is not None and workers.decode != decode:
+            raise ValueError("the decoding workers were started with other decode settings than this Translator's")
         if text.markup is not None and alignment is None:
             raise TfmError("--markup puts tags back through word alignments: the Translator needs an AlignmentConfig")
         self.device = next(self.model.parameters()).device
