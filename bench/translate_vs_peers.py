@@ -227,8 +227,12 @@ def strip_marian(row: list[int], eos: int, pad: int) -> list[int]:
 
 
 def run_in_subprocess(job: Job, policy: str) -> dict:
-    """Run `job` in a fresh interpreter with OMP_WAIT_POLICY=policy; returns its JSON result."""
-    env = dict(os.environ, OMP_WAIT_POLICY=policy, OMP_NUM_THREADS=str(job.threads), TOKENIZERS_PARALLELISM="false")
+    """Run `job` in a fresh interpreter with OMP_WAIT_POLICY=policy ("unset": without the variable, as most
+    users run); returns its JSON result."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(job.threads), TOKENIZERS_PARALLELISM="false")
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != "unset":
+        env["OMP_WAIT_POLICY"] = policy
     if job.isa == "avx2":
         env.update(AVX2_ONLY)
     env["PYTHONPATH"] = os.pathsep.join([str(BENCH_DIR), env.get("PYTHONPATH", "")])
@@ -303,7 +307,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/tfm-bench-translate"))
     parser.add_argument("--runs", type=int, default=3, help="repeats per configuration (median reported)")
     parser.add_argument("--beams", default="1,5")
-    parser.add_argument("--policies", default="PASSIVE,ACTIVE", help="OMP_WAIT_POLICY values to run")
+    parser.add_argument("--policies", default="PASSIVE,ACTIVE", help="OMP_WAIT_POLICY values to run; `unset` runs without the variable")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch, the same for every engine")
