@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.errors import TfmError
-from tfm_cli.model.kernels import ROW_BUCKET, Linear, onednn_linear_available, pack_weights, packed_linear
+from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_linear
 from tfm_cli.model.step_threads import on_threads
 
 INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
@@ -294,22 +294,11 @@ class Int8LinearWithoutVnni(nn.Module):
         return output.view(*x.shape[:-1], -1)
 
     def product(self, values: torch.Tensor) -> torch.Tensor:
-        """values: (R, K) uint8 -> (R, N) float32, ((values - 128) @ W_q.T) * weight scales.
-
-        The rows are padded with zeros (bytes of 128) to a multiple of ROW_BUCKET for the call, as the
-        float32 products are (kernels.packed_linear): oneDNN compiles and keeps kernels for every
-        distinct row count, and a beam search that drops finished rows meets a new count nearly every
-        step. Each row's int32 sums are exact, so the padding changes no result.
-        """
-        count = values.size(0)
-        missing = -count % ROW_BUCKET
-        if missing:
-            values = torch.cat([values, values.new_full((missing, values.size(1)), 128)])
-        output = torch.ops.onednn.qlinear_pointwise(
+        """values: (R, K) uint8 -> (R, N) float32, ((values - 128) @ W_q.T) * weight scales."""
+        return torch.ops.onednn.qlinear_pointwise(
             values, 1.0, 128, self.packed_weight, self.weight_scales, self.weight_zero_points, None, 1.0, 0,
             torch.float32, "none", [], "",
         )
-        return output[:count]
 
 
 def linear_layers(model: nn.Module) -> list[nn.Module]:
