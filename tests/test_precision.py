@@ -24,6 +24,7 @@ from tfm_cli.model.precision import (
     convert_linear_layers,
     cpu_support,
     int8_layer_class,
+    int8_row_bucket,
     quantize_rows,
 )
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator
@@ -179,6 +180,16 @@ def test_int8_linear_computes_its_quantised_product(layer_class):
     with torch.inference_mode():
         reference = linear(x)
     assert float((got - reference).norm() / reference.norm()) < 0.02
+
+
+def test_int8_row_buckets_are_few_and_waste_little():
+    buckets = {count: int8_row_bucket(count) for count in range(1, 4097)}
+    for count, bucket in buckets.items():
+        assert bucket >= count
+        assert bucket - count < (8 if count <= 64 else count / 4)
+    for low in (64, 128, 256, 512, 1024, 2048):  # at most 4 row counts per doubling
+        assert len({bucket for count, bucket in buckets.items() if low < count <= 2 * low}) <= 4
+    assert len(set(buckets.values())) <= 8 + 4 * 6
 
 
 def test_quantize_rows_keeps_zero_rows_finite():

@@ -294,11 +294,36 @@ class Int8LinearWithoutVnni(nn.Module):
         return output.view(*x.shape[:-1], -1)
 
     def product(self, values: torch.Tensor) -> torch.Tensor:
-        """values: (R, K) uint8 -> (R, N) float32, ((values - 128) @ W_q.T) * weight scales."""
-        return torch.ops.onednn.qlinear_pointwise(
+        """values: (R, K) uint8 -> (R, N) float32, ((values - 128) @ W_q.T) * weight scales.
+
+        The rows are padded with zeros (bytes of 128) to int8_row_bucket(R) for the call: oneDNN
+        compiles and keeps kernels for every distinct row count (~0.5-1 MiB each), and a beam search
+        whose finished sentences drop out meets a new count nearly every step. Each row's int32 sums
+        are exact, so the padding changes no result.
+        """
+        count = values.size(0)
+        missing = int8_row_bucket(count) - count
+        if missing:
+            values = torch.cat([values, values.new_full((missing, values.size(1)), 128)])
+        output = torch.ops.onednn.qlinear_pointwise(
             values, 1.0, 128, self.packed_weight, self.weight_scales, self.weight_zero_points, None, 1.0, 0,
             torch.float32, "none", [], "",
         )
+        return output[:count]
+
+
+def int8_row_bucket(count: int) -> int:
+    """The row count an int8 product runs with: `count` rounded up to a multiple of 8 up to 64, above
+    that to a multiple of a quarter of the power of two below it (80..128 by 16, 160..256 by 32, ...).
+
+    At most 4 counts per doubling, so a search meets a few dozen; the padding costs at most 7 rows
+    of a small product and under a quarter of a large one (float32 pads to multiples of 32,
+    kernels.ROW_BUCKET, which costs more at the few rows of a greedy search's last steps).
+    """
+    if count <= 64:
+        return -(-count // 8) * 8
+    step = 1 << ((count - 1).bit_length() - 3)
+    return -(-count // step) * step
 
 
 def linear_layers(model: nn.Module) -> list[nn.Module]:
