@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+from profile_search import MULTI30K  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 CHILD = r"""
 import ctypes, json, sys
@@ -54,7 +54,7 @@ def snapshot():
             "peak": kib("VmHWM") / 1024, "in_use": (info.uordblks + info.hblkhd) / 2**20,
             "free": info.fordblks / 2**20}
 
-model, source, batch_size, beam, dtype, threads, mmap_threshold_kib = sys.argv[1:]
+model, source, batch_size, beam, dtype, threads, mmap_threshold_kib, bench_folder = sys.argv[1:]
 import time
 import torch
 torch.set_num_threads(int(threads))
@@ -69,12 +69,13 @@ from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.search import beam_search
 from tfm_cli.model.transformer import Transformer
+sys.path.insert(0, bench_folder)
+from pathlib import Path
+from profile_search import make_batches
 moments = {"imports": snapshot()}
 loaded = load_model(model, dtype=dtype)
 moments["model loaded"] = snapshot()
-eos, pad = loaded.config.eos_id, loaded.config.pad_id
-lines = open(source, encoding="utf-8").read().splitlines()
-ids = sorted((loaded.src_tokenizer.encode_ids(line) + [eos] for line in lines), key=len, reverse=True)
+batches = make_batches(loaded, Path(source), 10**9, int(batch_size))
 highest = {"rss": 0.0}
 step = Transformer.decode_step
 
@@ -88,10 +89,7 @@ def measured_step(self, *args, **kwargs):
 Transformer.decode_step = measured_step
 settings = DecodeConfig(beam_size=int(beam), length_penalty=0.0)
 started = time.perf_counter()
-for start in range(0, len(ids), int(batch_size)):
-    chunk = ids[start : start + int(batch_size)]
-    width = len(chunk[0])
-    batch = torch.tensor([row + [pad] * (width - len(row)) for row in chunk], dtype=torch.long)
+for batch in batches:
     beam_search(loaded.model, batch, settings)
 moments["highest step"] = highest
 moments["after the last batch"] = snapshot()
@@ -108,7 +106,8 @@ def run_child(
     if capacity is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, str(model), str(source), batch_size, beam, dtype, "2", mmap_threshold_kib],
+        [sys.executable, "-c", CHILD, str(model), str(source), batch_size, beam, dtype, "2", mmap_threshold_kib,
+         str(Path(__file__).resolve().parent)],
         capture_output=True, text=True, env=env,
     )
     if result.returncode != 0:
