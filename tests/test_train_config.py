@@ -48,6 +48,19 @@ def test_paths_resolve_against_the_recipe_folder_and_environment(tmp_path, monke
     assert load_recipe(write_recipe(tmp_path, MINIMAL), []).data.train_tgt == "/corpora/x/a.en"
 
 
+def test_a_relative_folder_in_the_environment_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    # `MULTI30K_DIR=../shared/data/multi30k bash recipes/multi30k/run.sh` names a folder from where the user is.
+    recipe_folder = tmp_path / "recipes"
+    recipe_folder.mkdir()
+    working = tmp_path / "work" / "project"
+    working.mkdir(parents=True)
+    monkeypatch.chdir(working)
+    monkeypatch.setenv("CORPUS", "../corpora")
+    recipe = load_recipe(write_recipe(recipe_folder, MINIMAL), [])
+    assert recipe.data.train_tgt == str(tmp_path / "work" / "corpora" / "a.en")
+    assert recipe.data.train_src == str(recipe_folder / "data" / "a.de")  # a literal path stays the recipe's
+
+
 def test_overrides_parse_toml_values_and_resolve_paths_against_cwd(tmp_path):
     overrides = ["train.max_tokens=2048", "train.lr=1e-3", "model.share_embeddings=true",
                  "train.best_metric=loss", "data.valid_src=v.de", "data.valid_tgt=v.en",

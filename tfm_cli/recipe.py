@@ -313,7 +313,10 @@ def check_model_section(values: dict[str, Any]) -> ModelShape:
 def expand_path(key: str, value: Any, base: Path) -> Any:
     """Expand ${VAR}, ${VAR:-default}, $VAR and ~ in a path setting; make it absolute against `base`.
 
-    Returns the absolute path as a string ('' stays ''); non-strings are returned for check_type to refuse.
+    A relative folder in an environment variable that starts the path (`MULTI30K_DIR=../data` with
+    "${MULTI30K_DIR}/train.de") is relative to the working directory, where the user typed it, not
+    to `base`. Returns the absolute path as a string ('' stays ''); non-strings are returned for
+    check_type to refuse.
     """
     if not isinstance(value, str) or value == "":
         return value
@@ -322,6 +325,8 @@ def expand_path(key: str, value: Any, base: Path) -> Any:
         name = match.group(1) or match.group(3)
         default = match.group(2)
         if name in os.environ:
+            if match.start() == 0 and os.environ[name]:
+                return os.path.abspath(os.path.expanduser(os.environ[name]))
             return os.environ[name]
         if default is not None:
             return default
