@@ -202,7 +202,7 @@ def test_quantize_rows_keeps_zero_rows_finite():
 def test_reduced_linear_layers_are_close_and_batch_invariant(layer_class):
     torch.manual_seed(1)
     linear = torch.nn.Linear(64, 200)
-    x = torch.randn(2 * MAX_CALL_ROWS + 50, 64)  # more rows than one call of Int8LinearWithoutVnni takes
+    x = torch.randn(2 * MAX_CALL_ROWS + 50, 64)  # more rows than one float32 product call takes
     with torch.inference_mode():
         layer = layer_class(linear)
         batched = layer(x)

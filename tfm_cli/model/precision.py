@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfm_cli.errors import TfmError
-from tfm_cli.model.kernels import Linear, by_row_blocks, onednn_linear_available, pack_weights, packed_linear
+from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_linear
 from tfm_cli.model.step_threads import on_threads
 
 INFERENCE_DTYPES = ("auto", "float32", "bf16", "int8")
@@ -285,8 +285,7 @@ class Int8LinearWithoutVnni(nn.Module):
         rows = x.reshape(-1, x.size(-1))  # (R, K)
         values, row_scales = quantize_rows_unsigned(rows)
         # (values - 128) @ W_q.T, each column times its weight scale: (R, N) float32
-        # At most MAX_CALL_ROWS rows per call, like the float32 products (kernels module docstring).
-        scaled = on_threads(self.product_threads, by_row_blocks, values, self.product)
+        scaled = on_threads(self.product_threads, self.product, values)
         # In place: the (R, N) product is the step's largest tensor for the output projection.
         if self.bias is None:
             output = scaled.mul_(row_scales)
