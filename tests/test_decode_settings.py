@@ -73,6 +73,20 @@ def test_the_tuned_settings_change_the_translations(tuned):
                                        input="\n".join(lines) + "\n").stdout.splitlines()))
 
 
+def test_score_and_inspect_attention_say_on_stderr_which_model_default_they_use(tuned, tmp_path):
+    model, lines, _ = tuned
+    (tmp_path / "src").write_text(lines[0] + "\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("a b\n", encoding="utf-8")
+    scored = run_cli(["score", "-m", model, "--src", str(tmp_path / "src"), "--tgt", str(tmp_path / "tgt")])
+    assert scored.exit_code == 0, scored.stderr
+    assert "length_penalty 2.0 (the model's default" in scored.stderr
+    flagged = run_cli(["score", "-m", model, "--src", str(tmp_path / "src"), "--tgt", str(tmp_path / "tgt"), "--alpha", "1.0"])
+    assert "the model's default" not in flagged.stderr
+    inspected = run_cli(["inspect-attention", "-m", model, lines[0], "--format", "json"])
+    assert inspected.exit_code == 0, inspected.stderr
+    assert "beam_size 3 (the model's default" in inspected.stderr
+
+
 @pytest.mark.parametrize("path, option, field", [
     (("translate",), "--beam", "beam_size"),
     (("translate",), "--length-penalty", "length_penalty"),

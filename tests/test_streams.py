@@ -75,14 +75,48 @@ def test_a_full_disk_is_one_error_line(small_spm):
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_a_full_device_given_with_o_is_named_in_the_error(tmp_path, small_spm):
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    process = subprocess.run(
+        [sys.executable, "-m", "tfm_cli", "tokenize", "encode", "-m", str(small_spm), "-i", str(source), "-o", "/dev/full"],
+        capture_output=True, timeout=120,
+    )
+    stderr = process.stderr.decode()
+    assert process.returncode == 1
+    assert stderr.startswith("error: /dev/full: No space left on device"), stderr
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1"])
+def test_o_dev_stdout_onto_a_file_goes_on_after_what_the_shell_wrote(tmp_path, small_spm, name):
+    # The shell opened out.txt once for the whole group: tfm writes through that descriptor, after
+    # "before", instead of replacing the file it leads to.
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    output = tmp_path / "out.txt"
+    command = (
+        f'{{ echo before; "{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" -i "{source}" -o {name}; '
+        f'echo after; }} > "{output}"'
+    )
+    process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
+    assert process.returncode == 0, process.stderr.decode()
+    lines = output.read_text().splitlines()
+    assert lines[0] == "before" and lines[-1] == "after"
+    assert len(lines) == 2 + TEXT.count("\n")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
 @pytest.mark.parametrize("redirect, message", [
     ("<&-", "error: stdin is closed; give the input file with -i FILE"),
     ('-i "{source}" >&-', "error: stdout is closed; give an output file with -o FILE"),
 ])
-def test_a_closed_stream_is_one_error_line(tmp_path, small_spm, redirect, message):
+@pytest.mark.parametrize("tool", ['tokenize encode -m "{spm}"', 'translate -m "{model}" -b 1 --max-len-b 3'])
+def test_a_closed_stream_is_one_error_line(tmp_path, small_spm, random_checkpoint, tool, redirect, message):
     source = tmp_path / "in.txt"
     source.write_text(TEXT)
-    command = f'"{sys.executable}" -m tfm_cli tokenize encode -m "{small_spm}" ' + redirect.format(source=source)
+    arguments = tool.format(spm=small_spm, model=random_checkpoint)
+    command = f'"{sys.executable}" -m tfm_cli {arguments} ' + redirect.format(source=source)
     process = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
     stderr = process.stderr.decode()
     assert process.returncode == 1, stderr

@@ -134,8 +134,8 @@ app = typer.Typer(
     epilog=(
         "Examples:\n\n"
         "  tfm tokenize train train.de train.en -o spm --vocab-size 8000\n\n"
-        "  tfm train recipes/quickstart/recipe.toml --run runs/quick\n\n"
-        "  cat test.de | tfm translate -m runs/quick/checkpoint_best.safetensors > hyp.en"
+        "  tfm train recipes/tiny.toml --run runs/tiny --set train.max_steps=200\n\n"
+        "  cat test.de | tfm translate -m runs/tiny/checkpoint_best.safetensors > hyp.en"
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -25,6 +25,8 @@ from typing import IO, TypeVar
 from tfm_cli.errors import TfmError
 
 STDIO = "-"
+# Paths that name the process's standard output and error descriptors (atomic_file writes through them).
+STANDARD_STREAM_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
 
 
 def resolved(path: Path) -> Path:
@@ -313,18 +315,27 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     (/dev/null, a named pipe, a terminal, /dev/stdout or /proc/self/fd/N on a pipe), is written in
     place: renaming a file onto it would replace the device itself, or fail. What `path` is, is asked
     of the kernel (stat follows every link), not worked out from the links' text: /dev/stdout on a
-    pipe reads `pipe:[1234]`, a name no path resolves to.
+    pipe reads `pipe:[1234]`, a name no path resolves to. A path that names an open file descriptor
+    (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N) is written through that descriptor,
+    whatever it is: `{ echo a; tfm ... -o /dev/stdout; } > file` appends to the file the shell
+    opened, as the stream would, instead of replacing it.
     """
     path = Path(path)
+    descriptor = descriptor_named(path)
     try:
         mode: int | None = os.stat(path).st_mode
     except OSError:  # a new path, a dangling link, a loop (named below), a folder missing or in the way
         mode = None
     if mode is not None and stat.S_ISDIR(mode):
         raise TfmError(f"{path}: is a directory, expected an output file path")
-    if mode is not None and not stat.S_ISREG(mode):
-        with open(path, "w", encoding="utf-8", newline="\n") if text else open(path, "wb") as stream:
-            yield stream
+    if descriptor is not None or (mode is not None and not stat.S_ISREG(mode)):
+        try:
+            with open_in_place(path, descriptor, text) as stream:
+                yield stream
+        except OSError as error:
+            if error.filename is None and error.errno is not None:
+                raise OSError(error.errno, error.strerror, str(path)) from None  # say which file failed
+            raise
         return
     if path.is_symlink():
         path = resolved(path)  # to a regular file, or dangling: the file it names is (re)placed
@@ -342,6 +353,28 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
             raise OSError(error.errno, error.strerror, str(path)) from None  # say which file failed
         raise
     fsync_directory(path.parent if str(path.parent) else Path("."))
+
+
+def descriptor_named(path: Path) -> int | None:
+    """The file descriptor `path` names: 1 for /dev/stdout, 2 for /dev/stderr, N for /dev/fd/N or
+    /proc/self/fd/N; None for any other path (links to them are not followed)."""
+    name = os.path.normpath(os.path.abspath(path))
+    if name in STANDARD_STREAM_PATHS:
+        return STANDARD_STREAM_PATHS[name]
+    match = re.fullmatch(r"/(?:dev/fd|proc/self/fd)/(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def open_in_place(path: Path, descriptor: int | None, text: bool) -> IO:
+    """`path` opened for writing where it is (no temp file): through a copy of `descriptor` when given,
+    so the writes go on from that descriptor's position, else by opening the path."""
+    if descriptor is None:
+        return open(path, "w", encoding="utf-8", newline="\n") if text else open(path, "wb")
+    try:
+        copy = os.dup(descriptor)
+    except OSError:
+        raise TfmError(f"{path}: file descriptor {descriptor} is not open; give an output file") from None
+    return io.open(copy, "w", encoding="utf-8", newline="\n") if text else os.fdopen(copy, "wb")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

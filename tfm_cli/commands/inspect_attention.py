@@ -105,6 +105,8 @@ def inspect_attention(
     inference_dtype = resolve_dtype(dtype, target_device, quiet)
     loaded = load_model(model, device=target_device, dtype=inference_dtype)
     decode = resolve_decode({"beam_size": beam}, loaded.decode_defaults)  # what translate decodes with
+    if beam is None and "beam_size" in loaded.decode_defaults and target is None and target_file is None:
+        print_info(f"translating with beam_size {decode.beam_size} (the model's default; --beam overrides)", quiet=quiet)
     reverse = load_model(reverse_model, device=target_device, dtype=inference_dtype) if reverse_model else None
     if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
         raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")

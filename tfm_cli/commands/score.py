@@ -197,6 +197,8 @@ def score_with_model(
     target_device = resolve_device(device)
     loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
     decode = resolve_decode({"length_penalty": alpha}, loaded.decode_defaults)  # the settings translate uses
+    if alpha is None and "length_penalty" in loaded.decode_defaults and normalize == "length":
+        print_info(f"length_penalty {decode.length_penalty} (the model's default; --length-penalty overrides)", quiet=quiet)
     length_penalty = decode_length_penalty(decode)  # the rule translate normalises with (the model's kind)
     excluded_ids = None
     if decode.renormalize:  # translate's scores are then over the tokens it may generate

@@ -117,6 +117,8 @@ def translate(
         check_input_file(input)
     elif sys.stdin is None:
         raise TfmError("stdin is closed; give the input file with -i FILE")
+    if output == "-" and sys.stdout is None:
+        raise TfmError("stdout is closed; give an output file with -o FILE")
     if workers < 1:
         raise TfmError(f"--workers must be at least 1, got {workers}")
     flags = dict(
