@@ -17,22 +17,18 @@ from torch.profiler import ProfilerActivity, profile
 
 from tfm_cli.checkpoint import load_model
 from tfm_cli.config import DecodeConfig
+from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.search import beam_search, greedy_search
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 def make_batches(loaded, source: Path, lines: int, batch_size: int) -> list[torch.Tensor]:
-    """The first `lines` sources as (B, S) int64 batches, sorted by length, right-padded, ending in EOS."""
-    config = loaded.config
+    """The first `lines` sources as (B, S) int64 batches, sorted by length, ending in EOS and padded to
+    the width `tfm translate` gives them (decoding.source_batch: the next multiple of LENGTH_BUCKET)."""
     text = source.read_text(encoding="utf-8").splitlines()[:lines]
-    ids = sorted((loaded.src_tokenizer.encode_ids(line) + [config.eos_id] for line in text), key=len, reverse=True)
-    batches = []
-    for start in range(0, len(ids), batch_size):
-        chunk = ids[start : start + batch_size]
-        width = len(chunk[0])
-        batches.append(torch.tensor([row + [config.pad_id] * (width - len(row)) for row in chunk], dtype=torch.long))
-    return batches
+    ids = sorted((loaded.src_tokenizer.encode_ids(line) for line in text), key=len, reverse=True)
+    return [source_batch(ids[start : start + batch_size], loaded.config) for start in range(0, len(ids), batch_size)]
 
 
 def main() -> None:

@@ -6,12 +6,8 @@ AMD CPUs) can pack a weight once into its blocked layout, while torch's default 
 sgemm) re-packs it on every call, so the packed products are faster per call and make whole beam
 searches faster (less so on AVX2-capped kernels). oneDNN keeps resources for every distinct row
 count it has multiplied, and a beam search meets hundreds; so the rows are padded with zeros to a
-multiple of ROW_BUCKET, which lowers the peak memory of `tfm translate` at the same speed. Larger
-products (the encoder's sentences x source length, a wide beam's rows) run MAX_CALL_ROWS rows per
-call into one output, so they add no row counts beyond MAX_CALL_ROWS / ROW_BUCKET per weight
-either (and their calls' working memory is that of MAX_CALL_ROWS rows). Figures: see
-bench/RESULTS.md, sections "Packed oneDNN products" and "Where the peak memory of `tfm translate`
-goes". A row's result from the packed
+multiple of ROW_BUCKET, which lowers the peak memory of `tfm translate` at the same speed. Figures:
+see bench/RESULTS.md, section "Packed oneDNN products". A row's result from the packed
 product does not depend on how many rows share the call (tests/test_kernels.py), which both the
 padding and the batch-invariant searches (inference/decoding.py) rely on.
 
@@ -23,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +28,6 @@ from torch import nn
 from tfm_cli.model.step_threads import on_threads
 
 ROW_BUCKET = 32
-MAX_CALL_ROWS = 256
 
 
 @functools.cache
@@ -131,49 +126,17 @@ def packed_linear(
 ) -> torch.Tensor:
     """x: (..., in_features) -> (..., out_features) by oneDNN with a weight from _reorder_linear_weight.
 
-    activation: "none", or "relu" applied by oneDNN to the result before it is written. Each call
-    takes at most MAX_CALL_ROWS rows, padded to a multiple of ROW_BUCKET (see the module docstring).
-    x and the weight share a dtype.
+    activation: "none", or "relu" applied by oneDNN to the result before it is written. The rows are
+    padded with zeros to a multiple of ROW_BUCKET for the call (see the module docstring); the
+    padding rows are dropped from the result. x and the weight share a dtype.
     """
-    call = functools.partial(padded_call, packed_weight=packed_weight, bias=bias, activation=activation)
-    output = by_row_blocks(x.reshape(-1, x.size(-1)), call)
-    return output.view(*x.shape[:-1], output.size(-1))
-
-
-def padded_call(
-    rows: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None, activation: str
-) -> torch.Tensor:
-    """rows: (R, in_features) -> (R, out_features), one oneDNN call on rows padded to a multiple of ROW_BUCKET.
-
-    The padding rows (zeros) are dropped from the result, which may be a view of a larger tensor.
-    """
+    rows = x.reshape(-1, x.size(-1))
     count = rows.size(0)
     missing = -count % ROW_BUCKET
     if missing:
         rows = torch.cat([rows, rows.new_zeros(missing, rows.size(1))])
-    return torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, activation, [], "")[:count]
-
-
-def by_row_blocks(
-    rows: torch.Tensor, product: Callable[[torch.Tensor], torch.Tensor], max_rows: int = MAX_CALL_ROWS
-) -> torch.Tensor:
-    """rows: (R, K) -> product(rows), (R, N), with `product` called on at most `max_rows` rows at a time.
-
-    For products whose rows are independent (each output row depends on its input row only): the
-    blocks' results are written into one (R, N) output, so no more than one block's result exists
-    beside it. Returns product(rows) itself when R <= max_rows.
-    """
-    count = rows.size(0)
-    if count <= max_rows:
-        return product(rows)
-    first = product(rows[:max_rows])
-    output = first.new_empty(count, first.size(1))
-    output[:max_rows] = first
-    del first
-    for start in range(max_rows, count, max_rows):
-        block = rows[start : start + max_rows]
-        output[start : start + block.size(0)] = product(block)
-    return output
+    output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, activation, [], "")
+    return output[:count].view(*x.shape[:-1], output.size(-1))
 
 
 def pack_weights(model: nn.Module, keep_plain: bool = True) -> None:
