@@ -333,9 +333,7 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
             with open_in_place(path, descriptor, text) as stream:
                 yield stream
         except OSError as error:
-            if error.filename is None and error.errno is not None:
-                raise OSError(error.errno, error.strerror, str(path)) from None  # say which file failed
-            raise
+            raise naming_the_file(error, path) from None
         return
     if path.is_symlink():
         path = resolved(path)  # to a regular file, or dangling: the file it names is (re)placed
@@ -349,10 +347,17 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        if isinstance(error, OSError) and error.filename is None and error.errno is not None:
-            raise OSError(error.errno, error.strerror, str(path)) from None  # say which file failed
+        if isinstance(error, OSError):
+            raise naming_the_file(error, path) from None
         raise
     fsync_directory(path.parent if str(path.parent) else Path("."))
+
+
+def naming_the_file(error: OSError, path: Path) -> OSError:
+    """`error` with `path` as its file name when it names none (a failed write says which file failed)."""
+    if error.filename is None and error.errno is not None:
+        return OSError(error.errno, error.strerror, str(path))
+    return error
 
 
 def descriptor_named(path: Path) -> int | None:
