@@ -49,6 +49,9 @@ def test_translate_uses_them_unless_a_flag_overrides_and_says_which(decoded_run,
     assert "decoding with beam_size 3, length_penalty 1.5, max_len_a 0.0, max_len_b 4" in plain.stderr
     greedy = run_cli(["translate", "-m", model, "--beam", "1", "--scores"], input=source)
     assert "decoding with beam_size 1, length_penalty 1.5" in greedy.stderr
+    sampled = run_cli(["translate", "-m", model, "--sample"], input=source)
+    assert sampled.exit_code == 0, sampled.stderr
+    assert "decoding with length_penalty 1.5" in sampled.stderr and "beam_size" not in sampled.stderr  # no beam
 
 
 def test_score_uses_the_length_penalty_and_inspect_the_beam(decoded_run, letters, tmp_path):

@@ -191,6 +191,8 @@ def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout):
 def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm, tmp_path):
     import json
 
+    from tfm_cli.checkpoint import read_checkpoint
+
     model = random_checkpoint(small_spm, tmp_path, seed=4, sinusoid_layout="halves")
     export(model, "marian", tmp_path / "first")
     imported = tmp_path / "imported.safetensors"
@@ -201,4 +203,6 @@ def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm,
         assert json.loads((tmp_path / "second" / name).read_text()) == first, name
     generation = json.loads((tmp_path / "first" / "generation_config.json").read_text())
     assert generation["num_beams"] == 5 and generation["length_penalty"] == 0.6  # tfm's defaults travel
+    assert generation["min_length"] == 2  # tfm's min_len 1 as generate counts it (with the decoder start token)
+    assert read_checkpoint(imported).decode_defaults["min_len"] == 1
     assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "second" / "model.safetensors").read_bytes()

@@ -386,7 +386,7 @@ def test_generation_defaults_travel_and_flags_override(tmp_path, synthetic):
     pad_id = json.loads((folder / "vocab.json").read_text())["<pad>"]
     defaults = read_checkpoint(checkpoint).decode_defaults
     assert defaults == {"beam_size": 3, "length_penalty": 1.0, "length_penalty_kind": "hf", "forced_eos": True,
-                        "max_len_a": 0.0, "max_len_b": 10, "banned_ids": (pad_id,)}
+                        "max_len_a": 0.0, "max_len_b": 10, "banned_ids": (pad_id,), "min_len": 0}
     src = write_lines(tmp_path / "src", synthetic["test.src"].read_text().splitlines()[:3])
     record = json.loads(run_cli(["translate", "-m", checkpoint, "-i", src, "--json", "--nbest", "3", "-q"]).stdout.splitlines()[0])
     assert len(record["nbest"]) == 3 and record["score_normalisation"] == "raw / n ** 1.0, n = output tokens including EOS"
@@ -565,8 +565,43 @@ def test_legacy_config_fields_and_generation_settings_in_config_json(good_folder
     assert result.exit_code == 0, result.stderr
     assert read_checkpoint(checkpoint).decode_defaults == {  # generate's alpha 1.0, unstated, applied as generate does
         "beam_size": 6, "length_penalty": 1.0, "length_penalty_kind": "hf", "forced_eos": True, "max_len_a": 0.0,
-        "max_len_b": 38, "banned_ids": (pad_id,)
+        "max_len_b": 38, "banned_ids": (pad_id,), "min_len": 0
     }
+
+
+EOS_BIAS = 4.0
+
+
+@pytest.mark.parametrize("setting, min_len", [({"min_length": 4}, 3), ({"min_new_tokens": 2}, 2)])
+def test_minimum_length_equals_generates(tmp_path, synthetic, setting, min_len):
+    # generate's min_length counts the decoder start token, min_new_tokens only generated tokens; tfm's
+    # min_len counts output tokens. A raised EOS bias makes the random model stop early, so the minimum decides.
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from tfm_cli.checkpoint import read_checkpoint
+
+    folder = build_marian_folder(tmp_path / "hf", synthetic, Variant("minimum", generation=setting))
+    edit_weights(folder, lambda tensors: tensors["final_logits_bias"][0, 0].add_(EOS_BIAS))  # EOS (id 0) likely early
+    checkpoint = tmp_path / "model.safetensors"
+    assert run_cli(["import", folder, "-o", checkpoint, "-q"]).exit_code == 0
+    assert read_checkpoint(checkpoint).decode_defaults["min_len"] == min_len
+    model, tokenizer = MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder)
+    sources = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[:N_SENTENCES]
+    imported = Imported(Variant("minimum"), folder, checkpoint, model, tokenizer, sources, [])
+    max_new_tokens = 10
+    limit = ("--max-len-a", "0", "--max-len-b", str(max_new_tokens - 1))
+    free = tfm_translate(imported, tmp_path, "-b", "1", "--min-len", "0", *limit)
+    assert min(len(record["tokens"]) for record in free) < min_len  # without the minimum, some output is shorter
+    for beam in (1, 3):
+        records = tfm_translate(imported, tmp_path, "-b", str(beam), *limit)
+        with torch.no_grad():
+            generated = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), num_beams=beam,
+                                       max_new_tokens=max_new_tokens)
+        for record, row in zip(records, generated.tolist()):
+            ids = [i for i in row[1:] if i != model.config.pad_token_id]
+            ids = ids[:-1] if ids and ids[-1] == 0 else ids  # EOS
+            assert record["tokens"] == tokenizer.convert_ids_to_tokens(ids), (beam, record["tokens"])
+            assert len(ids) >= min_len
 
 
 def test_renormalized_scores_equal_generates(tmp_path, synthetic):

@@ -40,9 +40,9 @@ def test_hf_keeps_searching_after_beam_finished_hypotheses_while_a_live_one_may_
     #     GNMT stops here (2 finished). HF's heuristic: the best live raw score over its 3 tokens so
     #     far, log .108 / 3 = -0.742, beats the worst finished (-0.857): go on.
     #   step 3: "a c b" finishes (EOS 1.0): log .108 / 4 = -0.556, now the best; nothing is live: done.
-    # Sentence 1: "" finishes at step 0 (log .9 / 1 = -0.105), "d" at step 1 (log .1 / 2 = -1.151).
+    # Sentence 1 (min_len 0, as generate): "" finishes at step 0 (log .9 / 1 = -0.105), "d" at step 1 (log .1 / 2 = -1.151).
     results = search_beams(ScriptedDecoder(SCRIPTS), DecodeConfig(beam_size=2, nbest=2, length_penalty=1.0,
-                                                                  length_penalty_kind="hf"))
+                                                                  length_penalty_kind="hf", min_len=0))
     rule = HfPenalty(1.0)
     assert [h.tokens for h in results[0]] == [[A, C, B], [A, C]]
     assert [h.normalised_score(rule) for h in results[0]] == pytest.approx([raw(0.3, 0.9, 0.4) / 4, raw(0.3, 0.9, 0.6) / 3])

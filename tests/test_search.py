@@ -44,8 +44,8 @@ def test_length_penalty_is_the_gnmt_formula():
 
 def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
     # 8 ids, of which 5 can be output before EOS (pad and BOS never are); with at most 2 tokens
-    # there are 1 + 5 + 25 = 31 outputs. A beam of 60 keeps every prefix, so beam search must rank
-    # all 31 exactly as enumerating them and scoring each by forced decoding does.
+    # there are 1 + 5 + 25 = 31 outputs (30 without the empty one). A beam of 60 keeps every prefix, so
+    # beam search must rank them exactly as enumerating them and scoring each by forced decoding does.
     torch.manual_seed(3)
     model = Transformer(tiny_config(src_vocab_size=8, tgt_vocab_size=8)).eval()
     src = [5, 6, 7, 3]
@@ -55,11 +55,15 @@ def test_beam_search_with_a_wide_beam_is_exact_search_over_a_tiny_vocabulary():
         ((forced_log_prob(model, src, out) / GnmtPenalty(alpha).divisor(len(out) + 1), out) for out in outputs),
         key=lambda item: -item[0],
     )
-    config = DecodeConfig(beam_size=60, nbest=10, length_penalty=alpha, max_len_a=0.0, max_len_b=2)
-    hyps = beam_search(model, torch.tensor([src]), config)[0]
-    assert [h.tokens for h in hyps] == [out for _, out in expected[:10]]
-    for hyp, (score, _) in zip(hyps, expected):
-        assert hyp.normalised_score(GnmtPenalty(alpha)) == pytest.approx(score, abs=1e-4)
+    assert expected[0][1] == []  # this model's best output is the empty one
+    # min_len 0: the empty output competes (as in generate); min_len 1 (the default): it never does.
+    for min_len, ranked in ((0, expected), (1, [item for item in expected if item[1]])):
+        config = DecodeConfig(beam_size=60, nbest=10, length_penalty=alpha, max_len_a=0.0, max_len_b=2, min_len=min_len)
+        hyps = beam_search(model, torch.tensor([src]), config)[0]
+        assert [h.tokens for h in hyps] == [out for _, out in ranked[:10]]
+        for hyp, (score, _) in zip(hyps, ranked):
+            assert hyp.normalised_score(GnmtPenalty(alpha)) == pytest.approx(score, abs=1e-4)
+    assert DecodeConfig().min_len == 1
 
 
 def test_beam_1_equals_greedy_search(trained):

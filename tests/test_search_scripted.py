@@ -19,7 +19,8 @@ from tfm_cli.length_penalty import GnmtPenalty
 PAD, UNK, BOS, EOS, A, B, C, D = range(8)
 
 # Sentence 0: from the empty prefix, pad 0.5 (never to be taken: scores keep the model's own
-# probabilities, so a stays .3 and b .2), a 0.3, b 0.2. Sentence 1 ends at once with probability 0.9.
+# probabilities, so a stays .3 and b .2), a 0.3, b 0.2. Sentence 1 ends at once with probability 0.9
+# (where a search lets EOS come first: min_len 0; tests/test_step_masks.py covers min_len).
 SCRIPTS = [
     {
         (): {PAD: 0.5, A: 0.3, B: 0.2},
@@ -79,7 +80,7 @@ def test_beam_2_finds_the_hand_computed_beams():
     #   Top 2: "a c" finishes (.162): sentence 0 has 2 finished, and stops.
     # Sentence 1: step 0 "EOS" .9 finishes, "d" .1 continues; step 1: "d EOS" finishes (.1): done.
     decoder = ScriptedDecoder(SCRIPTS)
-    results = search_beams(decoder, DecodeConfig(beam_size=2, nbest=2, length_penalty=0.0))
+    results = search_beams(decoder, DecodeConfig(beam_size=2, nbest=2, length_penalty=0.0, min_len=0))
     assert [(h.tokens, h.finished) for h in results[0]] == [([B], True), ([A, C], True)]
     assert [h.score for h in results[0]] == pytest.approx([raw(0.2, 0.9), raw(0.3, 0.9, 0.6)])
     assert [h.tokens for h in results[1]] == [[], [D]]
@@ -96,7 +97,7 @@ def test_the_length_penalty_reorders_the_n_best():
 
 def test_beam_1_is_greedy():
     # a (.3) -> c (.9) -> EOS (.6); sentence 1: EOS (.9).
-    results = search_beams(ScriptedDecoder(SCRIPTS), DecodeConfig(beam_size=1, length_penalty=0.0))
+    results = search_beams(ScriptedDecoder(SCRIPTS), DecodeConfig(beam_size=1, length_penalty=0.0, min_len=0))
     assert [h.tokens for h in results[0]] == [[A, C]] and [h.tokens for h in results[1]] == [[]]
     assert results[0][0].score == pytest.approx(raw(0.3, 0.9, 0.6))
 
@@ -119,7 +120,7 @@ def test_no_unk_and_banned_ids_are_never_chosen():
 
 
 def test_sampling_with_top_k_1_follows_the_greedy_path():
-    config = DecodeConfig(sample=True, nbest=3, sample_top_k=1, length_penalty=0.0)
+    config = DecodeConfig(sample=True, nbest=3, sample_top_k=1, length_penalty=0.0, min_len=0)
     samples = search_samples(ScriptedDecoder(SCRIPTS), config, seeds=[1, 2])
     assert [h.tokens for h in samples[0]] == [[A, C]] * 3
     assert [h.tokens for h in samples[1]] == [[]] * 3

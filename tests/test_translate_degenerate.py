@@ -111,3 +111,29 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_at_load(tmp_path, lette
         assert result.exit_code == 1, (command, result.stderr)
         assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
         assert "'decoder_layers.0.ffn.linear2.bias' holds NaN or infinite values" in result.stderr, result.stderr
+
+
+def favour_eos(weights: dict[str, torch.Tensor]) -> None:
+    """Make EOS the most likely token at every step: the last decoder layer's output norm (post-norm,
+    so the decoder's output) shrinks to a constant vector along EOS's output row."""
+    last = max(int(name.split(".")[1]) for name in weights if name.startswith("decoder_layers."))
+    norm = f"decoder_layers.{last}.ffn_sublayer.norm"
+    eos_row = weights["tgt_embed.weight"][3]  # tiny_config's eos_id; the output projection is tied
+    weights[f"{norm}.weight"].fill_(0.01)
+    weights[f"{norm}.bias"].copy_(4.0 * eos_row / eos_row.norm())
+
+
+def test_no_empty_translation_of_a_non_empty_line_unless_min_len_0(tmp_path, random_checkpoint):
+    import json
+
+    model = rewritten_checkpoint(random_checkpoint, tmp_path / "eos.safetensors", tensors=favour_eos)
+    text = "a dog\nthe cat sat\n\nred\n"
+    free = translate(model, text, "--min-len", "0")
+    assert free.exit_code == 0, free.stderr
+    assert free.stdout == "\n\n\n\n"  # the model's best output for every line is the empty one
+    default = translate(model, text)
+    assert default.exit_code == 0, default.stderr
+    assert [bool(line) for line in default.stdout.split("\n")] == [True, True, False, True, False]
+    longer = translate(model, text, "--min-len", "3", "--max-len-b", "6", "--json")
+    lengths = [len(json.loads(line)["tokens"]) for line in longer.stdout.splitlines()]
+    assert lengths == [3, 3, 0, 3]  # EOS as soon as it may come; the blank line is not translated

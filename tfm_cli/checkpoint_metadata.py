@@ -20,7 +20,7 @@ FORMAT_VERSION = 1
 # unless a flag says otherwise).
 DECODE_DEFAULT_KEYS = (
     "beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b", "banned_ids", "renormalize",
-    "forced_eos",
+    "forced_eos", "min_len",
 )
 
 

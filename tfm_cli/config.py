@@ -194,7 +194,9 @@ class DecodeConfig:
     # At the length limit EOS scores 0 (forced with probability 1, as generate's forced_eos_token_id);
     # else EOS keeps the model's log-prob there.
     forced_eos: bool = False
-    min_len: int = 0  # no EOS before this many output tokens (EOS excluded)
+    # No EOS before this many output tokens (EOS excluded). 1 = a non-empty line never gets an empty
+    # translation (fairseq's and CTranslate2's default); imported models keep generate's 0.
+    min_len: int = 1
 
     def __post_init__(self) -> None:
         check_search_limits(self.beam_size, self.max_len_a, self.max_len_b, ("beam size", "max_len_a", "max_len_b"))

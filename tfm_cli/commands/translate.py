@@ -62,6 +62,7 @@ def translate(
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"Length-penalty alpha, applied by the model's rule (GNMT's ((5 + n) / 6) ** alpha; n ** alpha for imported models); 0 = raw sum of log-probs; {model_default_note('length_penalty')}."),
     max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=f"Output length limit a * src_len + b (subword tokens): a; {model_default_note('max_len_a')}."),
     max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=f"Output length limit a * src_len + b: b; {model_default_note('max_len_b')}."),
+    min_len: Optional[int] = typer.Option(None, "--min-len", help=f"No end of sentence before this many output tokens (0 lets an empty translation win); {model_default_note('min_len')}."),
     nbest: int = typer.Option(decode_default("nbest"), "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
     sample: bool = typer.Option(decode_default("sample"), "--sample", help="Sample instead of beam search (--nbest samples per line)."),
     top_k: int = typer.Option(decode_default("sample_top_k"), "--top-k", help="With --sample: draw only from the k most likely tokens (0 = all)."),
@@ -124,7 +125,7 @@ def translate(
     flags = dict(
         beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
         sample=sample, sample_top_k=top_k, sample_top_p=top_p, temperature=temperature, seed=seed,
-        no_unk=no_unk,
+        no_unk=no_unk, min_len=min_len,
     )
     resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
@@ -153,7 +154,10 @@ def translate(
 
         prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
     if loaded.decode_defaults:
-        shown = [key for key in DECODE_DEFAULT_KEYS if key in flags or key in loaded.decode_defaults]
+        shown = [
+            key for key in DECODE_DEFAULT_KEYS
+            if (key in flags or key in loaded.decode_defaults) and not (decode.sample and key == "beam_size")
+        ]
         used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
         print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
     # Forked before any thread of tfm's starts (the line reader, the progress bar), with nothing left in

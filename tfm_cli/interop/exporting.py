@@ -161,15 +161,15 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     """generation_config.json: how tfm decodes this model by default, as far as `generate` can say it.
 
     The beam size, the length penalty (as generate applies it: exact for the `hf` rule of imported
-    models; GNMT's has no `generate` equivalent, so its alpha stands as is), forced EOS and the
-    never-generated tokens carry over (`tfm import` reads them back). A fixed length limit
+    models; GNMT's has no `generate` equivalent, so its alpha stands as is), forced EOS, the minimum
+    length and the never-generated tokens carry over (`tfm import` reads them back). A fixed length limit
     (max_len_a = 0, as imported models have) becomes max_length; tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
     model's position limit stands in for it.
     """
     config = checkpoint.config
     defaults = {**config_to_dict(DecodeConfig()), **checkpoint.decode_defaults}
     fixed_limit = defaults["max_len_a"] == 0
-    return {
+    generation = {
         "decoder_start_token_id": config.bos_id,
         "eos_token_id": config.eos_id,
         "pad_token_id": config.pad_id,
@@ -181,6 +181,9 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
         "max_length": int(defaults["max_len_b"]) + 2 if fixed_limit else config.max_positions,
         "renormalize_logits": bool(defaults["renormalize"]),
     }
+    if defaults["min_len"] > 0:  # generate's min_length counts the decoder start token, tfm's min_len does not
+        generation["min_length"] = int(defaults["min_len"]) + 1
+    return generation
 
 
 def vocabulary_json(tokenizer) -> bytes:

@@ -53,8 +53,6 @@ NEUTRAL_GENERATION = {
     "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
     "repetition_penalty": 1.0,
-    "min_length": 0,
-    "min_new_tokens": None,
     "forced_bos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
@@ -425,12 +423,13 @@ def read_sentencepiece(path: Path) -> bytes:
 
 def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str, int]) -> dict[str, Any]:
     """The DecodeConfig fields the model's generation settings state (generation_config.json, else the
-    legacy fields of config.json): beam size, length penalty, length limit, banned tokens, renormalize
+    legacy fields of config.json): beam size, length penalty, length limits, banned tokens, renormalize
     and forced EOS.
 
-    Settings the folder does not state keep tfm's defaults, but for the length penalty: it is applied
-    as generate applies it (kind `hf`: n ** alpha and generate's beam stop), with generate's default
-    alpha 1.0 when unstated. HF's max_length counts the decoder start token and EOS, so it becomes
+    Settings the folder does not state keep tfm's defaults, but for two that follow generate: the
+    length penalty is applied as generate applies it (kind `hf`: n ** alpha and generate's beam stop),
+    with generate's default alpha 1.0 when unstated, and EOS may come first (min_len 0) unless
+    min_length or min_new_tokens says otherwise. HF's max_length counts the decoder start token and EOS, so it becomes
     max_len_b = max_length - 2 with max_len_a = 0. Raises TfmError naming a setting tfm's searches
     do not implement.
     """
@@ -445,6 +444,11 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
         if settings.get(name) is not None and settings[name] != special[own]:
             raise TfmError(f"{where}: {name}={json.dumps(settings[name])} differs from the model's {special[own]}")
     defaults: dict[str, Any] = {"length_penalty_kind": "hf", "length_penalty": HF_LENGTH_PENALTY}
+    # generate's min_length counts the decoder start token (so 0 and 1 both allow EOS first);
+    # min_new_tokens counts generated tokens only. Unstated, both leave EOS free from the first step.
+    min_length = generation_int(settings, "min_length", where, minimum=0) if settings.get("min_length") is not None else 0
+    min_new_tokens = generation_int(settings, "min_new_tokens", where, minimum=0) if settings.get("min_new_tokens") is not None else 0
+    defaults["min_len"] = max(min_length - 1, min_new_tokens, 0)
     if settings.get("forced_eos_token_id") is not None:  # EOS at generate's length limit scores 0
         defaults["forced_eos"] = True
     if "num_beams" in settings:
