@@ -182,10 +182,15 @@ def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout):
     if layout == "halves":  # Marian's own layout: the weights come back bit for bit
         assert all(torch.equal(original[name], again[name]) for name in original)
     text = "".join(line + "\n" for line in SENTENCES)
-    options = ["-b", "2", "--max-len-a", "0", "--max-len-b", "8", "-q"]
+    options = ["-b", "2", "--max-len-a", "0", "--max-len-b", "8", "--scores", "-q"]  # scores: the same length penalty rule
     first, second = run_cli(["translate", "-m", model, *options], input=text), run_cli(["translate", "-m", imported, *options], input=text)
     assert first.exit_code == 0 and second.exit_code == 0, first.stderr + second.stderr
-    assert first.stdout == second.stdout and first.stdout.count("\n") == len(SENTENCES)
+    assert first.stdout.count("\n") == len(SENTENCES)
+    ours = [line.split("\t") for line in first.stdout.splitlines()]
+    theirs = [line.split("\t") for line in second.stdout.splitlines()]
+    assert [text for text, _ in theirs] == [text for text, _ in ours]
+    # The permuted basis of the interleaved layout changes float rounding; the scores' rule must not change.
+    assert [float(score) for _, score in theirs] == pytest.approx([float(score) for _, score in ours], abs=1e-4)
 
 
 def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm, tmp_path):

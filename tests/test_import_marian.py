@@ -471,6 +471,11 @@ REFUSALS = {
     "different head counts": (break_config(decoder_attention_heads=4), "decoder_attention_heads=4"),
     "more layers than tensors": (break_config(encoder_layers=3), "model.encoder.layers.2"),
     "sampling generation": (lambda folder: edit_json(folder / "generation_config.json", do_sample=True), "do_sample=true"),
+    "unknown length penalty rule": (
+        lambda folder: edit_json(folder / "generation_config.json", tfm_length_penalty_kind="wu"),
+        'tfm_length_penalty_kind="wu" is not one of gnmt, hf, none',
+    ),
+    "negative min_length": (lambda folder: edit_json(folder / "generation_config.json", min_length=-1), "min_length must be an integer >= 0"),
     "tied copy differs": (lambda folder: edit_weights(folder, differing_tied_copy), "differs from 'model.shared.weight'"),
     "an extra tensor": (lambda folder: edit_weights(folder, lambda t: t.update(extra=torch.zeros(2))), "'extra'"),
     "learned positions": (

@@ -32,7 +32,7 @@ from tfm_cli.checkpoint import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.length_penalty import length_penalty_of
-from tfm_cli.interop.marian_names import layer_modules
+from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, layer_modules
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder
 
@@ -161,8 +161,9 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     """generation_config.json: how tfm decodes this model by default, as far as `generate` can say it.
 
     The beam size, the length penalty (as generate applies it: exact for the `hf` rule of imported
-    models; GNMT's has no `generate` equivalent, so its alpha stands as is), forced EOS, the minimum
-    length and the never-generated tokens carry over (`tfm import` reads them back). A fixed length limit
+    models; GNMT's has no `generate` equivalent, so its alpha stands as is, with the rule's name under
+    tfm_length_penalty_kind), forced EOS, the minimum length and the never-generated tokens carry over
+    (`tfm import` reads them all back). A fixed length limit
     (max_len_a = 0, as imported models have) becomes max_length; tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
     model's position limit stands in for it.
     """
@@ -183,6 +184,10 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     }
     if defaults["min_len"] > 0:  # generate's min_length counts the decoder start token, tfm's min_len does not
         generation["min_length"] = int(defaults["min_len"]) + 1
+    if defaults["length_penalty_kind"] != "hf":
+        # generate keeps keys it does not know and ignores them; `tfm import` reads this one back, so
+        # the imported model ranks and stops its beams as the exported one did.
+        generation[TFM_LENGTH_PENALTY_KIND] = defaults["length_penalty_kind"]
     return generation
 
 

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.interop.marian_names import layer_modules
+from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, layer_modules
+from tfm_cli.length_penalty import KINDS
 from tfm_cli.model.layers import halves_sinusoidal_table
 from tfm_cli.textio import file_sha256
 from tfm_cli.tokenizer import load_sentencepiece
@@ -428,8 +429,9 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
 
     Settings the folder does not state keep tfm's defaults, but for two that follow generate: the
     length penalty is applied as generate applies it (kind `hf`: n ** alpha and generate's beam stop),
-    with generate's default alpha 1.0 when unstated, and EOS may come first (min_len 0) unless
-    min_length or min_new_tokens says otherwise. HF's max_length counts the decoder start token and EOS, so it becomes
+    with generate's default alpha 1.0 when unstated (a folder tfm exported names its own rule under
+    tfm_length_penalty_kind), and EOS may come first (min_len 0) unless min_length or min_new_tokens
+    says otherwise. HF's max_length counts the decoder start token and EOS, so it becomes
     max_len_b = max_length - 2 with max_len_a = 0. Raises TfmError naming a setting tfm's searches
     do not implement.
     """
@@ -449,6 +451,11 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
     min_length = generation_int(settings, "min_length", where, minimum=0) if settings.get("min_length") is not None else 0
     min_new_tokens = generation_int(settings, "min_new_tokens", where, minimum=0) if settings.get("min_new_tokens") is not None else 0
     defaults["min_len"] = max(min_length - 1, min_new_tokens, 0)
+    if TFM_LENGTH_PENALTY_KIND in settings:  # a folder tfm exported: its model's own rule (kinds: length_penalty.py)
+        kind = settings[TFM_LENGTH_PENALTY_KIND]
+        if kind not in KINDS:
+            raise TfmError(f"{where}: {TFM_LENGTH_PENALTY_KIND}={json.dumps(kind)} is not one of {', '.join(KINDS)}")
+        defaults["length_penalty_kind"] = kind
     if settings.get("forced_eos_token_id") is not None:  # EOS at generate's length limit scores 0
         defaults["forced_eos"] = True
     if "num_beams" in settings:
