@@ -34,6 +34,16 @@ def test_min_length_keeps_eos_out_until_enough_tokens():
     assert (sentence0.tokens, sentence0.score) == ([A, C, B], pytest.approx(raw(0.3, 0.9, 0.4)))
 
 
+def test_the_length_limit_wins_over_min_len():
+    # min_len 3 but at most 1 output token: step 0 bans EOS (sentence 0: a .3; sentence 1: d .1), and
+    # at step 1 the limit closes both rows with EOS at its own log-prob (.1 after a; 1.0 after d).
+    config = DecodeConfig(beam_size=1, length_penalty=0.0, min_len=3)
+    (sentence0,), (sentence1,) = search_beams(ScriptedDecoder(SCRIPTS, max_length=1), config)
+    assert (sentence0.tokens, sentence0.score) == ([A], pytest.approx(raw(0.3, 0.1)))
+    assert (sentence1.tokens, sentence1.score) == ([D], pytest.approx(raw(0.1, 1.0)))
+    assert not sentence0.finished and not sentence1.finished
+
+
 def test_min_length_in_sampling():
     # top-k 1 makes sampling greedy: the same "d" for sentence 1 as beam 1 above.
     config = DecodeConfig(sample=True, nbest=2, sample_top_k=1, length_penalty=0.0, min_len=1)
@@ -70,13 +80,16 @@ def test_mask_step_bans_then_renormalizes_then_closes_rows_at_their_limit():
 def test_each_mask_alone():
     decoder = ScriptedDecoder(SCRIPTS)
     log_probs = torch.zeros(2, 8)
-    BannedTokens(decoder, no_unk=True, banned_ids=(D,)).apply(log_probs, step=0)
+    open_rows = torch.tensor([False, False])
+    BannedTokens(decoder, no_unk=True, banned_ids=(D,)).apply(log_probs, step=0, closing=open_rows)
     assert torch.isinf(log_probs[:, [PAD, UNK, BOS, D]]).all() and log_probs[:, [EOS, A, B, C]].eq(0).all()
     log_probs = torch.zeros(2, 8)
-    MinLength(EOS, 2).apply(log_probs, step=1)
+    MinLength(EOS, 2).apply(log_probs, step=1, closing=open_rows)
     assert torch.isinf(log_probs[:, EOS]).all() and log_probs.isfinite().sum() == 14
-    MinLength(EOS, 2).apply(log_probs := torch.zeros(2, 8), step=2)
+    MinLength(EOS, 2).apply(log_probs := torch.zeros(2, 8), step=2, closing=open_rows)
     assert log_probs.eq(0).all()
+    MinLength(EOS, 2).apply(log_probs := torch.zeros(2, 8), step=1, closing=torch.tensor([True, False]))
+    assert log_probs[0].eq(0).all() and torch.isinf(log_probs[1, EOS])  # the length limit wins on row 0
     log_probs = torch.full((2, 8), -1.0)
     LengthLimit(EOS, forced_eos=True).apply(log_probs, torch.tensor([True, False]))
     assert log_probs[0].tolist() == [-math.inf] * 3 + [0.0] + [-math.inf] * 4 and log_probs[1].eq(-1).all()

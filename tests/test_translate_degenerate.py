@@ -137,3 +137,7 @@ def test_no_empty_translation_of_a_non_empty_line_unless_min_len_0(tmp_path, ran
     longer = translate(model, text, "--min-len", "3", "--max-len-b", "6", "--json")
     lengths = [len(json.loads(line)["tokens"]) for line in longer.stdout.splitlines()]
     assert lengths == [3, 3, 0, 3]  # EOS as soon as it may come; the blank line is not translated
+    # The length limit wins over the minimum: one token with a limit of 1.
+    capped = translate(model, text, "--min-len", "3", "--max-len-b", "1", "--json")
+    assert capped.exit_code == 0, capped.stderr
+    assert [len(json.loads(line)["tokens"]) for line in capped.stdout.splitlines()] == [1, 1, 0, 1]

@@ -62,7 +62,7 @@ def translate(
     length_penalty: Optional[float] = typer.Option(None, "--length-penalty", "--alpha", help=f"Length-penalty alpha, applied by the model's rule (GNMT's ((5 + n) / 6) ** alpha; n ** alpha for imported models); 0 = raw sum of log-probs; {model_default_note('length_penalty')}."),
     max_len_a: Optional[float] = typer.Option(None, "--max-len-a", help=f"Output length limit a * src_len + b (subword tokens): a; {model_default_note('max_len_a')}."),
     max_len_b: Optional[int] = typer.Option(None, "--max-len-b", help=f"Output length limit a * src_len + b: b; {model_default_note('max_len_b')}."),
-    min_len: Optional[int] = typer.Option(None, "--min-len", help=f"No end of sentence before this many output tokens (0 lets an empty translation win); {model_default_note('min_len')}."),
+    min_len: Optional[int] = typer.Option(None, "--min-len", help=f"No end of sentence before this many output tokens (0 lets an empty translation win; the length limit still ends it); {model_default_note('min_len')}."),
     nbest: int = typer.Option(decode_default("nbest"), "--nbest", help="Hypotheses per line (<= beam), best first, TAB-separated on the same line."),
     sample: bool = typer.Option(decode_default("sample"), "--sample", help="Sample instead of beam search (--nbest samples per line)."),
     top_k: int = typer.Option(decode_default("sample_top_k"), "--top-k", help="With --sample: draw only from the k most likely tokens (0 = all)."),

@@ -24,8 +24,9 @@ class StepMask(ABC):
     """One constraint on the next token."""
 
     @abstractmethod
-    def apply(self, log_probs: torch.Tensor, step: int) -> None:
-        """Mask log_probs: (R, V) in place at `step` (the output tokens each row holds so far)."""
+    def apply(self, log_probs: torch.Tensor, step: int, closing: torch.Tensor) -> None:
+        """Mask log_probs: (R, V) in place at `step` (the output tokens each row holds so far);
+        closing: (R,) bool on the CPU, the rows at their length limit (LengthLimit closes them)."""
 
 
 class BannedTokens(StepMask):
@@ -44,19 +45,20 @@ class BannedTokens(StepMask):
         banned[list(banned_ids)] = True
         self.ids = banned.nonzero().view(-1)  # (n_banned,)
 
-    def apply(self, log_probs: torch.Tensor, step: int) -> None:
+    def apply(self, log_probs: torch.Tensor, step: int, closing: torch.Tensor) -> None:
         log_probs.index_fill_(1, self.ids.to(log_probs.device), float("-inf"))
 
 
 class MinLength(StepMask):
-    """No EOS before `min_len` output tokens (EOS excluded)."""
+    """No EOS before `min_len` output tokens (EOS excluded), but on a row at its length limit: there
+    the limit wins (EOS keeps its log-prob), as generate's max_length wins over its min_length."""
 
     def __init__(self, eos: int, min_len: int) -> None:
         self.eos, self.min_len = eos, min_len
 
-    def apply(self, log_probs: torch.Tensor, step: int) -> None:
+    def apply(self, log_probs: torch.Tensor, step: int, closing: torch.Tensor) -> None:
         if step < self.min_len:
-            log_probs[:, self.eos] = float("-inf")
+            log_probs[:, self.eos].masked_fill_(~closing.to(log_probs.device), float("-inf"))
 
 
 class LengthLimit:
@@ -107,11 +109,11 @@ def mask_step(log_probs: torch.Tensor, masks: StepMasks, step: int, row_limits: 
     row_limits: (R,) int64 on the CPU, each row's length limit (EOS excluded). Returns (R,) bool on
     the CPU: the rows closed at their limit.
     """
+    closing = masks.limit.closing(step, row_limits)
     for mask in masks.bans:
-        mask.apply(log_probs, step)
+        mask.apply(log_probs, step, closing)
     if masks.renormalize:  # over what may follow; the length limit then only closes beams
         torch.log_softmax(log_probs, dim=-1, out=log_probs)
-    closing = masks.limit.closing(step, row_limits)
     if masks.constraints is not None:
         masks.constraints.apply(log_probs, step, row_limits, closing)
     if bool(closing.any()):
