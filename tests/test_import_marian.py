@@ -475,6 +475,10 @@ REFUSALS = {
         lambda folder: edit_json(folder / "generation_config.json", tfm_length_penalty_kind="wu"),
         'tfm_length_penalty_kind="wu" is not one of gnmt, hf, none',
     ),
+    "length penalty rule not a name": (
+        lambda folder: edit_json(folder / "generation_config.json", tfm_length_penalty_kind=["gnmt"]),
+        'tfm_length_penalty_kind=["gnmt"] is not one of',
+    ),
     "negative min_length": (lambda folder: edit_json(folder / "generation_config.json", min_length=-1), "min_length must be an integer >= 0"),
     "tied copy differs": (lambda folder: edit_weights(folder, differing_tied_copy), "differs from 'model.shared.weight'"),
     "an extra tensor": (lambda folder: edit_weights(folder, lambda t: t.update(extra=torch.zeros(2))), "'extra'"),

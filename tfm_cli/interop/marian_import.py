@@ -453,7 +453,7 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
     defaults["min_len"] = max(min_length - 1, min_new_tokens, 0)
     if TFM_LENGTH_PENALTY_KIND in settings:  # a folder tfm exported: its model's own rule (kinds: length_penalty.py)
         kind = settings[TFM_LENGTH_PENALTY_KIND]
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise TfmError(f"{where}: {TFM_LENGTH_PENALTY_KIND}={json.dumps(kind)} is not one of {', '.join(KINDS)}")
         defaults["length_penalty_kind"] = kind
     if settings.get("forced_eos_token_id") is not None:  # EOS at generate's length limit scores 0
