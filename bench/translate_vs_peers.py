@@ -27,7 +27,7 @@ sentencepiece model (+ EOS), sorted by length and cut into the same batches; the
 no length normalisation (tfm alpha 0, HF length_penalty 0, CTranslate2 length_penalty 0: the
 three define it differently); the same number of decoder steps: at most --max-steps, where tfm's
 last step is its forced EOS. Threads: intra-op 2 (torch.set_num_threads, CTranslate2
-intra_threads), inter 1.
+intra_threads), inter 1. A CTranslate2 worker imports neither torch nor tfm (see load_ctranslate2).
 
 With --reference (the target side of --source), a BLEU column scores each engine's detokenized
 output with sacrebleu (default settings), which is how the int8 rows' quality loss is reported.
@@ -85,6 +85,7 @@ class Job:
 def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limit: int) -> Path:
     """Convert the checkpoint (MarianMT, CTranslate2 float32/int8) and write the batches as JSON.
 
+    Also writes pieces.json: {"source": [...], "target": [...]}, each vocabulary's pieces by id.
     Returns the batches file: a list of batches, each a list of [line_index, source ids + EOS],
     sorted by source length (longest first) and cut into `batch_size` sentences.
     """
@@ -101,6 +102,10 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limi
                                          ("ctranslate2", "ct2-int8", "int8")):
         shutil.rmtree(workdir / folder, ignore_errors=True)
         export_model(exported, src_tokenizer, tgt_tokenizer, target, workdir / folder, quantization)
+    # CTranslate2's workers map ids to pieces and back with these lists, so they need neither torch nor tfm.
+    pieces = {side: [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+              for side, tokenizer in (("source", loaded.src_tokenizer), ("target", loaded.tgt_tokenizer))}
+    (workdir / "pieces.json").write_text(json.dumps(pieces))
     lines = list(iter_lines(str(source)))[:limit]
     eos = loaded.config.eos_id
     ids = [loaded.src_tokenizer.encode_ids(line) + [eos] for line in lines]
@@ -136,6 +141,8 @@ def run_job(job: Job) -> None:
 
 def load_engine(job: Job):
     """Returns decode(batch) -> list of output id lists (EOS excluded), for the job's engine."""
+    if job.engine.startswith("ct2-"):
+        return load_ctranslate2(job)
     import torch
 
     torch.set_num_threads(job.threads)
@@ -191,12 +198,22 @@ def load_engine(job: Job):
             return [strip_marian(row.tolist(), config.eos_token_id, config.pad_token_id) for row in generated]
 
         return decode
+    raise ValueError(f"unknown engine {job.engine}")
+
+
+def load_ctranslate2(job: Job):
+    """decode(batch) for a CTranslate2 engine, in a process that imports neither torch nor tfm.
+
+    torch's OpenMP runtime and CTranslate2's are separate libraries, each with its own threads: with
+    torch loaded beside it (and tfm's model packed by torch's threads) CTranslate2 decoded
+    test_2016_flickr 1.10-1.20x slower on a 2-core AVX2 VM (bench/RESULTS.md), which flattered tfm.
+    """
     import ctranslate2
 
-    from tfm_cli.checkpoint import load_model
-
-    loaded = load_model(job.checkpoint)
-    src_pieces = [loaded.src_tokenizer.id_to_piece(i) for i in range(loaded.src_tokenizer.vocab_size)]
+    workdir = Path(job.workdir)
+    pieces = json.loads((workdir / "pieces.json").read_text())
+    src_pieces = pieces["source"]
+    tgt_ids = {piece: index for index, piece in enumerate(pieces["target"])}
     folder, compute_type = ("ct2-float32", "bfloat16") if job.engine == "ct2-bf16" else (job.engine, "default")
     translator = ctranslate2.Translator(
         str(workdir / folder), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=job.threads
@@ -207,7 +224,7 @@ def load_engine(job: Job):
             [[src_pieces[i] for i in ids] for _, ids in batch], beam_size=job.beam, length_penalty=0.0,
             max_decoding_length=job.max_steps, max_batch_size=len(batch), return_scores=False,
         )
-        return [[loaded.tgt_tokenizer.piece_to_id(piece) for piece in result.hypotheses[0]] for result in results]
+        return [[tgt_ids[piece] for piece in result.hypotheses[0]] for result in results]
 
     return decode
 
