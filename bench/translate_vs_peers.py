@@ -204,9 +204,10 @@ def load_engine(job: Job):
 def load_ctranslate2(job: Job):
     """decode(batch) for a CTranslate2 engine, in a process that imports neither torch nor tfm.
 
-    torch's OpenMP runtime and CTranslate2's are separate libraries, each with its own threads: with
-    torch loaded beside it (and tfm's model packed by torch's threads) CTranslate2 decoded
-    test_2016_flickr 1.10-1.20x slower on a 2-core AVX2 VM (bench/RESULTS.md), which flattered tfm.
+    torch's OpenMP runtime and CTranslate2's are separate libraries, each with its own threads on the
+    same cores. A worker that had also imported torch and loaded tfm's model made CTranslate2 1.4-1.5x
+    slower on a 2-core AVX2 VM (bench/RESULTS.md, section "The decoder alone with CTranslate2 in
+    torch-free workers"), which flattered tfm in every decoder-only ratio measured that way.
     """
     import ctranslate2
 
