@@ -5,9 +5,9 @@ dozen to a few hundred rows by every weight; oneDNN (shipped inside torch; CTran
 AMD CPUs) can pack a weight once into its blocked layout, while torch's default F.linear (MKL's
 sgemm) re-packs it on every call, so the packed products are faster per call and make whole beam
 searches faster (less so on AVX2-capped kernels). oneDNN keeps resources for every distinct row
-count it has multiplied, and a beam search meets hundreds; so the rows are padded with zeros to a
-multiple of ROW_BUCKET, which lowers the peak memory of `tfm translate` at the same speed. Figures:
-see bench/RESULTS.md, section "Packed oneDNN products". A row's result from the packed
+count it has multiplied, and a beam search meets hundreds; so the rows are padded with zeros to one
+of a few counts (`row_bucket`), which lowers the peak memory of `tfm translate` at the same speed.
+Figures: see bench/RESULTS.md, section "Packed oneDNN products". A row's result from the packed
 product does not depend on how many rows share the call (tests/test_kernels.py), which both the
 padding and the batch-invariant searches (inference/decoding.py) rely on.
 
@@ -28,6 +28,7 @@ from torch import nn
 from tfm_cli.model.step_threads import on_threads
 
 ROW_BUCKET = 32
+SMALL_ROW_BUCKET = 8
 
 
 @functools.cache
@@ -38,6 +39,17 @@ def onednn_linear_available() -> bool:
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
+
+
+def row_bucket(count: int) -> int:
+    """The row count a packed product of `count` rows runs with: the next multiple of SMALL_ROW_BUCKET
+    up to ROW_BUCKET rows, of ROW_BUCKET above.
+
+    The small buckets serve the few rows of greedy steps, whose time grows with the rows; above
+    them finer buckets made whole searches slower (a new oneDNN primitive per count and weight).
+    """
+    bucket = SMALL_ROW_BUCKET if count <= ROW_BUCKET else ROW_BUCKET
+    return -(-count // bucket) * bucket
 
 
 def uses_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -127,12 +139,12 @@ def packed_linear(
     """x: (..., in_features) -> (..., out_features) by oneDNN with a weight from _reorder_linear_weight.
 
     activation: "none", or "relu" applied by oneDNN to the result before it is written. The rows are
-    padded with zeros to a multiple of ROW_BUCKET for the call (see the module docstring); the
-    padding rows are dropped from the result. x and the weight share a dtype.
+    padded with zeros to row_bucket(rows) for the call (see the module docstring); the padding rows
+    are dropped from the result. x and the weight share a dtype.
     """
     rows = x.reshape(-1, x.size(-1))
     count = rows.size(0)
-    missing = -count % ROW_BUCKET
+    missing = row_bucket(count) - count
     if missing:
         rows = torch.cat([rows, rows.new_zeros(missing, rows.size(1))])
     output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, activation, [], "")
