@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_config
 from tfm_cli.model import Transformer
-from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_weights
+from tfm_cli.model.kernels import Linear, onednn_linear_available, pack_weights, packed_weights, row_bucket
 
 
 def make_linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
@@ -64,11 +64,18 @@ def test_a_row_gets_the_same_bits_in_any_batch(shape):
     x = torch.randn(200, in_features)
     pack_weights(linear)
     with torch.inference_mode():
-        for rows in (1, 2, 3, 5, 7, 16, 33, 100, 160, 200):
+        for rows in (1, 2, 3, 5, 7, 9, 16, 17, 24, 25, 33, 100, 160, 200):  # every row bucket up to 32
             batch = linear(x[:rows])
             for i in sorted({0, rows // 2, rows - 1}):
                 alone = linear(x[i : i + 1])[0]
                 assert torch.equal(batch[i], alone), (rows, i)
+
+
+def test_row_buckets_pad_little_and_stay_few():
+    buckets = {count: row_bucket(count) for count in range(1, 1025)}
+    assert all(count <= bucket < count + 32 for count, bucket in buckets.items())
+    assert all(bucket - count < 8 for count, bucket in buckets.items() if count <= 32)  # greedy steps' rows
+    assert len(set(buckets.values())) == 4 + (1024 - 32) // 32  # 8, 16, 24, then every multiple of 32
 
 
 def test_a_model_that_only_translates_keeps_one_copy_of_each_weight():
