@@ -46,7 +46,8 @@ def row_bucket(count: int) -> int:
     up to ROW_BUCKET rows, of ROW_BUCKET above.
 
     The small buckets serve the few rows of greedy steps, whose time grows with the rows; above
-    them finer buckets made whole searches slower (a new oneDNN primitive per count and weight).
+    them finer buckets made whole searches slower (a new oneDNN primitive per count and weight;
+    bench/RESULTS.md, section "Row buckets and the cost of one product call").
     """
     bucket = SMALL_ROW_BUCKET if count <= ROW_BUCKET else ROW_BUCKET
     return -(-count // bucket) * bucket

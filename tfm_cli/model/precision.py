@@ -317,8 +317,8 @@ def int8_row_bucket(count: int) -> int:
     that to a multiple of a quarter of the power of two below it (80..128 by 16, 160..256 by 32, ...).
 
     At most 4 counts per doubling, so a search meets a few dozen; the padding costs at most 7 rows
-    of a small product and under a quarter of a large one (float32 pads to multiples of 32,
-    kernels.ROW_BUCKET, which costs more at the few rows of a greedy search's last steps).
+    of a small product and under a quarter of a large one (float32 products use kernels.row_bucket,
+    which keeps multiples of 32 above 32 rows: finer buckets there measured slower).
     """
     if count <= 64:
         return -(-count // 8) * 8
