@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tfm_cli.model.kernels import packed_linear
+from tfm_cli.model.kernels import Linear, packed_linear
 
 
 def mean_call_us(function: Callable[[], torch.Tensor], calls: int) -> float:
@@ -47,8 +47,9 @@ def main() -> None:
             torch.set_num_threads(threads)
             for shape in args.shapes.split(","):
                 in_features, out_features = (int(n) for n in shape.split("x"))
-                weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+                layer = Linear(in_features, out_features)
+                layer.pack()  # packed as `tfm translate` packs it
+                weight, bias, packed = layer.weight.detach(), layer.bias.detach(), layer.packed_weight
                 for rows in (int(r) for r in args.rows.split(",")):
                     x = torch.randn(rows, in_features)
                     plain_us = mean_call_us(lambda: F.linear(x, weight, bias), args.calls)
