@@ -110,3 +110,39 @@ def test_parameter_shapes_are_those_of_a_built_model(options):
     config = tiny_config(**options)
     built = {name: tuple(param.shape) for name, param in Transformer(config).named_parameters()}
     assert parameter_shapes(config) == built
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"share_embeddings": True},
+        {"tie_output": False},
+        {"norm_first": True, "output_bias": True, "tie_output": False, "sinusoid_layout": "halves"},
+    ],
+)
+def test_a_model_built_with_given_weights_equals_one_built_then_overwritten(options):
+    config = tiny_config(**options)
+    torch.manual_seed(3)
+    source = Transformer(config)
+    weights = {name: param.detach().clone() for name, param in source.named_parameters()}
+    rng_before = torch.get_rng_state()
+    model = Transformer.with_weights(config, weights)
+    assert torch.equal(torch.get_rng_state(), rng_before)  # nothing was drawn only to be overwritten
+    assert model.training
+    expected, built = source.state_dict(), model.state_dict()
+    assert expected.keys() == built.keys()
+    for name in expected:
+        assert built[name].device.type == "cpu" and built[name].dtype == torch.float32
+        assert torch.equal(built[name], expected[name]), name
+    assert torch.equal(model.positions, source.positions)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in source.named_parameters()]
+    assert (model.output_proj.weight is model.tgt_embed.weight) == (source.output_proj.weight is source.tgt_embed.weight)
+    assert all(param.data_ptr() != weights[name].data_ptr() for name, param in model.named_parameters())
+    # The same function, and the padding rows still get no gradient.
+    src, tgt_in = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt_in), source(src, tgt_in), atol=0, rtol=0)
+    model(src, tgt_in).logsumexp(-1).mean().backward()
+    assert torch.all(model.src_embed.weight.grad[0] == 0) and torch.all(model.tgt_embed.weight.grad[0] == 0)
+    assert model.src_embed.weight.grad.abs().sum() > 0

@@ -354,11 +354,7 @@ def build_aligner(checkpoint: Checkpoint, device: str | torch.device = "cpu") ->
 def model_with_weights(checkpoint: Checkpoint) -> Transformer:
     """A Transformer of the checkpoint's config holding its weights in float32 on the CPU, as trained
     (plain parameters, train mode): what `tfm train --init` starts from."""
-    model = Transformer(checkpoint.config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(checkpoint.weights[name].to(torch.float32))
-    return model
+    return Transformer.with_weights(checkpoint.config, checkpoint.weights)
 
 
 def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32") -> Transformer:

@@ -111,20 +111,26 @@ class Transformer(nn.Module):
         self.config = config
         self.inference_dtype = "float32"  # what precision.convert_linear_layers made the linear layers
         d_model = config.d_model
-        self.src_embed = nn.Embedding(config.src_vocab_size, d_model, padding_idx=config.pad_id)
+        # Under with_weights' meta device the parameters get their values afterwards: nothing is drawn,
+        # and the embeddings skip nn.Embedding's own normal_, which has no C++ kernel for that device.
+        on_meta = torch.get_default_device().type == "meta"
+
+        def new_embedding(vocab_size: int) -> nn.Embedding:
+            weight = torch.empty(vocab_size, d_model) if on_meta else None
+            return nn.Embedding(vocab_size, d_model, padding_idx=config.pad_id, _weight=weight)
+
+        self.src_embed = new_embedding(config.src_vocab_size)
         if config.share_embeddings:
             self.tgt_embed = self.src_embed
         else:
-            self.tgt_embed = nn.Embedding(config.tgt_vocab_size, d_model, padding_idx=config.pad_id)
+            self.tgt_embed = new_embedding(config.tgt_vocab_size)
         for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
-            # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
-            nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
-            nn.init.zeros_(embedding.weight[config.pad_id])
-            # The padding row is not learned: padding_idx keeps lookups from updating it, but a tied
-            # output projection would (every softmax pushes the pad logit). With its gradient zeroed,
-            # Adam leaves it at exactly zero, and the pad logit stays 0 (searches never emit it).
-            embedding.weight.register_hook(functools.partial(zero_gradient_row, row=config.pad_id))
-        positions = sinusoidal_table(config.max_positions, d_model, config.sinusoid_layout)
+            if not on_meta:
+                # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
+                nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
+                nn.init.zeros_(embedding.weight[config.pad_id])
+        with torch.device("cpu"):  # also under the meta device, where arange is slow to set up
+            positions = sinusoidal_table(config.max_positions, d_model, config.sinusoid_layout)
         self.register_buffer("positions", positions, persistent=False)
         self.embed_dropout = Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_enc_layers))
@@ -136,10 +142,39 @@ class Transformer(nn.Module):
         self.output_proj = Linear(d_model, config.tgt_vocab_size, bias=config.output_bias)
         if config.output_bias:
             nn.init.zeros_(self.output_proj.bias)
-        if config.share_embeddings or config.tie_output:
-            self.output_proj.weight = self.tgt_embed.weight
-        else:
+        if not (config.share_embeddings or config.tie_output or on_meta):
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=d_model**-0.5)
+        self.tie_parameters()
+
+    def tie_parameters(self) -> None:
+        """Make the output projection use the target embedding's weight when the config ties them, and
+        keep the embeddings' padding rows out of training (called once the parameters exist)."""
+        if self.config.share_embeddings or self.config.tie_output:
+            self.output_proj.weight = self.tgt_embed.weight
+        for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
+            # The padding row is not learned: padding_idx keeps lookups from updating it, but a tied
+            # output projection would (every softmax pushes the pad logit). With its gradient zeroed,
+            # Adam leaves it at exactly zero, and the pad logit stays 0 (searches never emit it).
+            embedding.weight.register_hook(functools.partial(zero_gradient_row, row=self.config.pad_id))
+
+    @classmethod
+    def with_weights(cls, config: ModelConfig, weights: dict[str, torch.Tensor]) -> Transformer:
+        """A Transformer of `config` on the CPU holding copies of `weights` (every parameter by name, any
+        float dtype) in float32, in train mode.
+
+        Built on the meta device and then given the weights as its parameters, so no parameter is first
+        filled with random values only to be overwritten (about a second for a Transformer-base shape
+        with a 58k vocabulary, longer than reading its checkpoint). The new parameter objects are tied
+        again; the positional table was computed on the CPU.
+        """
+        with torch.device("meta"):
+            model = cls(config)
+        for name, param in list(model.named_parameters()):
+            owner, _, attribute = name.rpartition(".")
+            value = weights[name].to(torch.float32, copy=True)  # a copy: never the file's own memory
+            setattr(model.get_submodule(owner), attribute, nn.Parameter(value, requires_grad=param.requires_grad))
+        model.tie_parameters()
+        return model
 
     def embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens: (B, T) -> (B, T, D): embedding * sqrt(d_model) (section 3.4) + positional encoding."""
