@@ -129,7 +129,7 @@ class Transformer(nn.Module):
                 # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
                 nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
                 nn.init.zeros_(embedding.weight[config.pad_id])
-        with torch.device("cpu"):  # also under the meta device, where arange is slow to set up
+        with torch.device("cpu"):  # also under with_weights' meta device, where arange loads slow Python kernels
             positions = sinusoidal_table(config.max_positions, d_model, config.sinusoid_layout)
         self.register_buffer("positions", positions, persistent=False)
         self.embed_dropout = Dropout(config.dropout)
@@ -163,9 +163,10 @@ class Transformer(nn.Module):
         float dtype) in float32, in train mode.
 
         Built on the meta device and then given the weights as its parameters, so no parameter is first
-        filled with random values only to be overwritten (about a second for a Transformer-base shape
-        with a 58k vocabulary, longer than reading its checkpoint). The new parameter objects are tied
-        again; the positional table was computed on the CPU.
+        filled with random values only to be overwritten: for a large vocabulary that took longer than
+        reading the checkpoint (bench/RESULTS.md, section "Whole processes on the same Intel AMX VM, the
+        model loaded without random initialisation"). The new parameter objects are tied again; the
+        positional table was computed on the CPU.
         """
         with torch.device("meta"):
             model = cls(config)
