@@ -249,10 +249,9 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, x.size(-1))  # (R, K)
         values, row_scales = quantize_rows(rows)
         products = on_threads(self.product_threads, torch._int_mm, values, self.weight_t)  # (R, N) int32, exact
-        # (R, N) float32 written over the int32 products (same size, element by element): the output
-        # projection's product is a step's largest tensor, and this way it is never there twice.
+        # In place, starting with the int32 products themselves (float32 of the same size, written element
+        # by element): the (R, N) product is the step's largest tensor for the output projection.
         scaled = torch.mul(products, row_scales, out=products.view(torch.float32))
-        # In place: the (R, N) product is the step's largest tensor for the output projection.
         if self.bias is None:
             output = scaled.mul_(self.weight_scales)
         else:

@@ -124,8 +124,8 @@ class Transformer(nn.Module):
             self.tgt_embed = self.src_embed
         else:
             self.tgt_embed = new_embedding(config.tgt_vocab_size)
-        for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
-            if not on_meta:
+        if not on_meta:
+            for embedding in {id(e): e for e in (self.src_embed, self.tgt_embed)}.values():
                 # Common practice (fairseq, tensor2tensor): N(0, d^-0.5), so embed * sqrt(d) has unit scale.
                 nn.init.normal_(embedding.weight, mean=0.0, std=d_model**-0.5)
                 nn.init.zeros_(embedding.weight[config.pad_id])
