@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def main() -> None:
 
     def command(engine: str, output: Path, beam: str, dtype: str) -> list[str]:
         if engine.startswith("tfm"):
-            return [args.tfm, "translate", "-q", "-m", str(args.model), "-i", str(args.source), "-o", str(output),
+            return [*shlex.split(args.tfm), "translate", "-q", "-m", str(args.model), "-i", str(args.source), "-o", str(output),
                     "--threads", "2", "--beam", beam, "--length-penalty", "0", "--max-len-a", "0",
                     "--max-len-b", str(args.max_len_b), "--dtype", dtype] + (["--workers", "2"] if "workers" in engine else [])
         script = CTRANSLATE2

@@ -9,15 +9,22 @@ read from getrusage(RUSAGE_CHILDREN) in a dedicated parent so that only that chi
   ct2             a Python script as a CTranslate2 user writes it: sentencepiece with the
                   checkpoint's model, ctranslate2.Translator on `tfm export --to ctranslate2`
                   (float32, or --quantization int8), intra_threads 2, translate_batch with
-                  max_batch_size 32 (translate_file's default), length_penalty 0, the same length
+                  max_batch_size 32 (translate_file's default; --ct2-batch-size), length_penalty 0, the same length
                   limit, detokenize, write the file
   one line        `echo 'Ein Hund rennt.' | tfm translate -m CKPT` (all defaults), against
                   `python -c "import torch"` and the CTranslate2 script on that one line
 Engines alternate run by run; medians of --runs. BLEU is sacrebleu's on the output files (cased,
 13a). OMP_WAIT_POLICY is left as the user's environment has it unless --policy sets it for all.
 
+--device cuda runs both on the GPU: `tfm translate --device cuda` (no --threads) in each --dtypes
+precision (float32, bf16), CTranslate2 with device="cuda" on the float32 export converted at load
+to compute_type float32 for tfm's float32 and to bfloat16 and float16 for tfm's bf16 (one row
+each); the one-line rows run on the GPU too, and the peak-RSS rows are left out. A CTranslate2 run
+that fails (a wheel built for another CUDA than the machine's, say) gives a row that says so.
+
 Usage: python bench/whole_process.py --model CKPT [--runs 3] [--beams 5,1] [--dtypes float32,int8]
        [--memory-batch-sizes 32,128]   (peak RSS rows at equal batch sizes; "" to skip)
+       python bench/whole_process.py --model CKPT --device cuda --dtypes float32,bf16 --beams 5 --tfm "python3 -m tfm_cli"
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -51,9 +59,10 @@ print(json.dumps({"max_rss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru
 
 CTRANSLATE2 = """
 import sys, ctranslate2, sentencepiece
-folder, spm_model, source, output, beam, batch_size, max_length = sys.argv[1:]
+folder, spm_model, source, output, beam, batch_size, max_length = sys.argv[1:8]
+device, compute_type = (sys.argv[8:10] + ["cpu", "default"][len(sys.argv[8:10]):])
 tokenizer = sentencepiece.SentencePieceProcessor(model_file=spm_model)
-translator = ctranslate2.Translator(folder, device="cpu", inter_threads=1, intra_threads=2)
+translator = ctranslate2.Translator(folder, device=device, compute_type=compute_type, inter_threads=1, intra_threads=2)
 lines = (open(source, encoding="utf-8") if source != "-" else sys.stdin).read().splitlines()
 results = translator.translate_batch(
     [tokens + ["</s>"] for tokens in tokenizer.encode(lines, out_type=str)], beam_size=int(beam),
@@ -65,13 +74,29 @@ with (open(output, "w", encoding="utf-8") if output != "-" else sys.stdout) as o
 """
 
 
-def measure(command: list[str], stdin: Path | None, env: dict[str, str]) -> dict:
-    """Run `command` as the only child of a fresh measuring process; returns {max_rss_kib, seconds}."""
+class CommandFailed(Exception):
+    """A measured command exited with an error (the message ends with its stderr)."""
+
+
+def measure(command: list[str], stdin: Path | None, env: dict[str, str], may_fail: bool = False) -> dict:
+    """Run `command` as the only child of a fresh measuring process; returns {max_rss_kib, seconds}.
+
+    A failing command ends the bench with its stderr, or raises CommandFailed when `may_fail`.
+    """
     result = subprocess.run([sys.executable, "-c", MEASURE, str(stdin) if stdin else "-", *command],
                             capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        sys.exit(f"bench/whole_process.py: {' '.join(command[:4])}... failed: {result.stderr.strip()[-2000:]}")
+        message = f"bench/whole_process.py: {' '.join(command[:4])}... failed: {result.stderr.strip()[-2000:]}"
+        if may_fail:
+            raise CommandFailed(message)
+        sys.exit(message)
     return json.loads(result.stdout)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of `text` (an error's message), with table pipes escaped."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else text).replace("|", "\\|")
 
 
 def bleu(hypotheses: Path, reference: Path) -> float:
@@ -109,7 +134,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, workdir: Path) -> None:
     parser.add_argument("--max-len-b", type=int, default=79, help="at most this many tokens + EOS per output")
     parser.add_argument("--policy", default="", help="set OMP_WAIT_POLICY for every process (default: as inherited)")
     parser.add_argument("--workdir", type=Path, default=workdir)
-    parser.add_argument("--tfm", default=str(Path(sys.executable).with_name("tfm")), help="the tfm console script")
+    parser.add_argument("--tfm", default=str(Path(sys.executable).with_name("tfm")),
+                        help='the tfm command: its console script, or e.g. "python3 -m tfm_cli" (split like a shell)')
 
 
 def main() -> None:
@@ -118,62 +144,86 @@ def main() -> None:
     add_run_arguments(parser, workdir=Path("/tmp/tfm-bench-whole"))
     parser.add_argument("--memory-batch-sizes", default="32,128", help="peak RSS rows at these equal batch sizes")
     parser.add_argument("--one-line-runs", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: both engines on the GPU (see above)")
+    parser.add_argument("--ct2-batch-size", default="32", help="CTranslate2's max_batch_size (translate_file's default: 32)")
     args = parser.parse_args()
     env = dict(os.environ)
     if args.policy:
         env["OMP_WAIT_POLICY"] = args.policy
+    on_gpu = args.device != "cpu"
     folders = export_ctranslate2(args.model, args.workdir)
     spm = args.workdir / "spm.model"
     limit = str(args.max_len_b)
 
     def tfm(output: Path, beam: str, dtype: str, batch_size: str | None = None) -> list[str]:
-        command = [args.tfm, "translate", "-q", "-m", str(args.model), "-i", str(args.source), "-o", str(output),
-                   "--threads", "2", "--beam", beam, "--length-penalty", "0", "--max-len-a", "0", "--max-len-b", limit,
-                   "--dtype", dtype]
+        where = ["--device", args.device] if on_gpu else ["--threads", "2"]
+        command = [*shlex.split(args.tfm), "translate", "-q", "-m", str(args.model), "-i", str(args.source), "-o",
+                   str(output), *where, "--beam", beam, "--length-penalty", "0", "--max-len-a", "0", "--max-len-b",
+                   limit, "--dtype", dtype]
         return command + (["--batch-size", batch_size] if batch_size else [])
 
-    def ct2(output: Path, beam: str, dtype: str, batch_size: str = "32") -> list[str]:
-        return [sys.executable, "-c", CTRANSLATE2, str(folders[dtype]), str(spm), str(args.source), str(output),
-                beam, batch_size, str(args.max_len_b + 1)]
+    def ct2(output: Path, beam: str, dtype: str, batch_size: str = "32", compute_type: str = "default") -> list[str]:
+        folder = folders["float32"] if on_gpu else folders[dtype]
+        return [sys.executable, "-c", CTRANSLATE2, str(folder), str(spm), str(args.source), str(output),
+                beam, batch_size, str(args.max_len_b + 1), args.device, compute_type]
 
-    print(run_header(args, env))
+    # The CTranslate2 precisions each tfm precision is compared with (on a CPU: the export's own).
+    ct2_types = {"float32": ["float32"], "bf16": ["bfloat16", "float16"]} if on_gpu else {}
+    print(run_header(args, env) + (f"; device {args.device}" if on_gpu else ""))
     print("\n| beam | precision | tfm wall s | CTranslate2 wall s | tfm faster by | per run | tfm BLEU | CT2 BLEU |"
           " tfm peak RSS MiB | CT2 peak RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for beam in args.beams.split(","):
         for dtype in args.dtypes.split(","):
-            times = {"tfm": [], "ct2": []}
-            rss = {"tfm": [], "ct2": []}
-            outputs = {name: args.workdir / f"out-{name}-{beam}-{dtype}.txt" for name in times}
-            for run in range(args.runs):
-                order = ("tfm", "ct2") if run % 2 == 0 else ("ct2", "tfm")
-                for name in order:
-                    build = tfm if name == "tfm" else ct2
-                    result = measure(build(outputs[name], beam, dtype), None, env)
-                    times[name].append(result["seconds"])
-                    rss[name].append(result["max_rss_kib"] / 1024)
-            ratios = sorted(c / t for t, c in zip(times["tfm"], times["ct2"]))
-            print(f"| {beam} | {dtype} | {statistics.median(times['tfm']):.2f} | {statistics.median(times['ct2']):.2f} | "
-                  f"**{statistics.median(times['ct2']) / statistics.median(times['tfm']):.2f}x** | "
-                  f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {bleu(outputs['tfm'], args.reference):.2f} | "
-                  f"{bleu(outputs['ct2'], args.reference):.2f} | {statistics.median(rss['tfm']):.0f} | "
-                  f"{statistics.median(rss['ct2']):.0f} |", flush=True)
+            for compute_type in ct2_types.get(dtype, ["default"]):
+                precision = f"tfm {dtype}, CT2 {compute_type}" if on_gpu else dtype
+                times = {"tfm": [], "ct2": []}
+                rss = {"tfm": [], "ct2": []}
+                outputs = {name: args.workdir / f"out-{name}-{beam}-{dtype}-{compute_type}.txt" for name in times}
+                try:
+                    for run in range(args.runs):
+                        order = ("tfm", "ct2") if run % 2 == 0 else ("ct2", "tfm")
+                        for name in order:
+                            if name == "tfm":
+                                command = tfm(outputs[name], beam, dtype)
+                            else:
+                                command = ct2(outputs[name], beam, dtype, args.ct2_batch_size, compute_type)
+                            result = measure(command, None, env, may_fail=on_gpu and name == "ct2")
+                            times[name].append(result["seconds"])
+                            rss[name].append(result["max_rss_kib"] / 1024)
+                except CommandFailed as failure:
+                    print(f"| {beam} | {precision} | CTranslate2 failed: {last_line(str(failure))} |", flush=True)
+                    continue
+                ratios = sorted(c / t for t, c in zip(times["tfm"], times["ct2"]))
+                print(f"| {beam} | {precision} | {statistics.median(times['tfm']):.2f} | "
+                      f"{statistics.median(times['ct2']):.2f} | "
+                      f"**{statistics.median(times['ct2']) / statistics.median(times['tfm']):.2f}x** | "
+                      f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {bleu(outputs['tfm'], args.reference):.2f} | "
+                      f"{bleu(outputs['ct2'], args.reference):.2f} | {statistics.median(rss['tfm']):.0f} | "
+                      f"{statistics.median(rss['ct2']):.0f} |", flush=True)
 
     one_line = args.workdir / "one-line.txt"
     one_line.write_text(ONE_LINE + "\n", encoding="utf-8")
     rows = {
         'python -c "import torch"': ([sys.executable, "-c", "import torch"], None),
-        f"echo '{ONE_LINE}' | tfm translate -m CKPT": ([args.tfm, "translate", "-m", str(args.model)], one_line),
+        f"echo '{ONE_LINE}' | tfm translate -m CKPT": (
+            [*shlex.split(args.tfm), "translate", "-m", str(args.model), *(["--device", args.device] if on_gpu else [])],
+            one_line),
         "the CTranslate2 script on that line (float32)": (
-            [sys.executable, "-c", CTRANSLATE2, str(folders["float32"]), str(spm), "-", "-", "5", "32", "256"], one_line),
+            [sys.executable, "-c", CTRANSLATE2, str(folders["float32"]), str(spm), "-", "-", "5", "32", "256", args.device,
+             "float32" if on_gpu else "default"], one_line),
         'python -c "import ctranslate2, sentencepiece"': ([sys.executable, "-c", "import ctranslate2, sentencepiece"], None),
     }
     one_times = {name: [] for name in rows}
     if args.one_line_runs < 1:
         rows = {}
-    for _ in range(args.one_line_runs):
-        for name, (command, stdin) in rows.items():
-            one_times[name].append(measure(command, stdin, env)["seconds"])
+    try:
+        for _ in range(args.one_line_runs):
+            for name, (command, stdin) in rows.items():
+                one_times[name].append(measure(command, stdin, env, may_fail=on_gpu)["seconds"])
+    except CommandFailed as failure:
+        print(f"\nOne-line rows left out: {last_line(str(failure))}")
+        rows = {}
     if rows:
         floor = statistics.median(one_times['python -c "import torch"'])
         print("\n| one short line | wall s, median | min-max | / import torch |")
@@ -182,6 +232,8 @@ def main() -> None:
         print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | "
               f"{statistics.median(values) / floor:.2f}x |")
 
+    if on_gpu:
+        return  # peak RSS says nothing about GPU memory
     batch_sizes = [size for size in args.memory_batch_sizes.split(",") if size]
     if not batch_sizes:
         return
