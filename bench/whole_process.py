@@ -16,11 +16,15 @@ read from getrusage(RUSAGE_CHILDREN) in a dedicated parent so that only that chi
 Engines alternate run by run; medians of --runs. BLEU is sacrebleu's on the output files (cased,
 13a). OMP_WAIT_POLICY is left as the user's environment has it unless --policy sets it for all.
 
---device cuda runs both on the GPU: `tfm translate --device cuda` (no --threads) in each --dtypes
-precision (float32, bf16), CTranslate2 with device="cuda" on the float32 export converted at load
-to compute_type float32 for tfm's float32 and to bfloat16 and float16 for tfm's bf16 (one row
-each); the one-line rows run on the GPU too, and the peak-RSS rows are left out. A CTranslate2 run
-that fails (a wheel built for another CUDA than the machine's, say) gives a row that says so.
+--device cuda runs everything on the GPU: `tfm translate --device cuda` (no --threads) in each
+--dtypes precision (float32, bf16) against two peers, each in its own row: CTranslate2 with
+device="cuda" on the float32 export, converted at load to compute_type float32 for tfm's float32
+and to bfloat16 and float16 for tfm's bf16; and a MarianMTModel script as a transformers user
+writes it (MarianTokenizer, generate() with num_beams, length_penalty 0 and max_new_tokens L + 1 on
+batches of --ct2-batch-size lines of similar length, batch_decode) on `tfm export --to marian`, in
+float32 or bfloat16. The one-line rows run on the GPU too, and the peak-RSS rows are left out. A
+peer that fails (a CTranslate2 wheel built for another CUDA than the machine's, say) gives a row
+that says so.
 
 Usage: python bench/whole_process.py --model CKPT [--runs 3] [--beams 5,1] [--dtypes float32,int8]
        [--memory-batch-sizes 32,128]   (peak RSS rows at equal batch sizes; "" to skip)
@@ -30,6 +34,7 @@ Usage: python bench/whole_process.py --model CKPT [--runs 3] [--beams 5,1] [--dt
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -74,6 +79,28 @@ with (open(output, "w", encoding="utf-8") if output != "-" else sys.stdout) as o
 """
 
 
+HF_MARIAN = """
+import sys, torch
+from transformers import MarianMTModel, MarianTokenizer
+folder, source, output, beam, batch_size, max_length, device, dtype = sys.argv[1:]
+tokenizer = MarianTokenizer.from_pretrained(folder)
+model = MarianMTModel.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+lines = (open(source, encoding="utf-8") if source != "-" else sys.stdin).read().splitlines()
+order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+outputs = [""] * len(lines)
+with torch.inference_mode():
+    for start in range(0, len(order), int(batch_size)):
+        rows = order[start:start + int(batch_size)]
+        batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True).to(device)
+        generated = model.generate(**batch, num_beams=int(beam), max_new_tokens=int(max_length), length_penalty=0.0,
+                                   do_sample=False)
+        for i, text in zip(rows, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            outputs[i] = text
+with (open(output, "w", encoding="utf-8") if output != "-" else sys.stdout) as out:
+    out.writelines(text + "\\n" for text in outputs)
+"""
+
+
 class CommandFailed(Exception):
     """A measured command exited with an error (the message ends with its stderr)."""
 
@@ -92,6 +119,23 @@ def measure(command: list[str], stdin: Path | None, env: dict[str, str], may_fai
         sys.exit(message)
     return json.loads(result.stdout)
 
+
+def export_marian(checkpoint: Path, workdir: Path) -> Path:
+    """`tfm export --to marian` of the checkpoint into workdir/marian (MarianMTModel and MarianTokenizer load it)."""
+    import shutil
+
+    folder = workdir / "marian"
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "tfm_cli", "export", "-q", "-m", str(checkpoint), "--to", "marian", str(folder)],
+                   check=True)
+    return folder
+
+
+def hf_marian(folder: Path, source: Path, output: Path, beam: str, dtype: str, device: str, batch_size: str,
+              max_length: str) -> list[str]:
+    """The command of the MarianMTModel script: MarianTokenizer, generate() on batches of similar length, decode."""
+    return [sys.executable, "-c", HF_MARIAN, str(folder), str(source), str(output), beam, batch_size, max_length,
+            device, dtype]
 
 def last_line(text: str) -> str:
     """The last non-empty line of `text` (an error's message), with table pipes escaped."""
@@ -167,40 +211,50 @@ def main() -> None:
         return [sys.executable, "-c", CTRANSLATE2, str(folder), str(spm), str(args.source), str(output),
                 beam, batch_size, str(args.max_len_b + 1), args.device, compute_type]
 
-    # The CTranslate2 precisions each tfm precision is compared with (on a CPU: the export's own).
-    ct2_types = {"float32": ["float32"], "bf16": ["bfloat16", "float16"]} if on_gpu else {}
+    # The peers each tfm precision is compared with: on a CPU, CTranslate2 in the export's own precision;
+    # on a GPU, CTranslate2 in each matching compute type and MarianMTModel in the same precision.
+    peers = {dtype: [("CTranslate2", functools.partial(ct2, dtype=dtype, batch_size=args.ct2_batch_size))]
+             for dtype in args.dtypes.split(",")}
+    if on_gpu:
+        marian = export_marian(args.model, args.workdir)
+        for dtype, (ct2_types, hf_dtype) in {"float32": (["float32"], "float32"),
+                                             "bf16": (["bfloat16", "float16"], "bfloat16")}.items():
+            peers[dtype] = [(f"CTranslate2 {compute_type}", functools.partial(ct2, dtype=dtype, compute_type=compute_type,
+                                                                             batch_size=args.ct2_batch_size))
+                            for compute_type in ct2_types]
+            peers[dtype].append((f"MarianMTModel {hf_dtype}", functools.partial(
+                hf_marian, marian, args.source, dtype=hf_dtype, device=args.device, batch_size=args.ct2_batch_size,
+                max_length=str(args.max_len_b + 1))))
     print(run_header(args, env) + (f"; device {args.device}" if on_gpu else ""))
-    print("\n| beam | precision | tfm wall s | CTranslate2 wall s | tfm faster by | per run | tfm BLEU | CT2 BLEU |"
-          " tfm peak RSS MiB | CT2 peak RSS MiB |")
+    peer_header = "peer" if on_gpu else "CTranslate2"
+    print(f"\n| beam | precision | tfm wall s | {peer_header} wall s | tfm faster by | per run | tfm BLEU | "
+          f"{'peer' if on_gpu else 'CT2'} BLEU | tfm peak RSS MiB | {'peer' if on_gpu else 'CT2'} peak RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for beam in args.beams.split(","):
         for dtype in args.dtypes.split(","):
-            for compute_type in ct2_types.get(dtype, ["default"]):
-                precision = f"tfm {dtype}, CT2 {compute_type}" if on_gpu else dtype
-                times = {"tfm": [], "ct2": []}
-                rss = {"tfm": [], "ct2": []}
-                outputs = {name: args.workdir / f"out-{name}-{beam}-{dtype}-{compute_type}.txt" for name in times}
+            for peer_name, peer in peers[dtype]:
+                precision = f"tfm {dtype}, {peer_name}" if on_gpu else dtype
+                times = {"tfm": [], "peer": []}
+                rss = {"tfm": [], "peer": []}
+                tag = peer_name.replace(" ", "-")
+                outputs = {name: args.workdir / f"out-{name}-{beam}-{dtype}-{tag}.txt" for name in times}
                 try:
                     for run in range(args.runs):
-                        order = ("tfm", "ct2") if run % 2 == 0 else ("ct2", "tfm")
-                        for name in order:
-                            if name == "tfm":
-                                command = tfm(outputs[name], beam, dtype)
-                            else:
-                                command = ct2(outputs[name], beam, dtype, args.ct2_batch_size, compute_type)
-                            result = measure(command, None, env, may_fail=on_gpu and name == "ct2")
+                        for name in (("tfm", "peer") if run % 2 == 0 else ("peer", "tfm")):
+                            command = tfm(outputs[name], beam, dtype) if name == "tfm" else peer(outputs[name], beam)
+                            result = measure(command, None, env, may_fail=on_gpu and name == "peer")
                             times[name].append(result["seconds"])
                             rss[name].append(result["max_rss_kib"] / 1024)
                 except CommandFailed as failure:
-                    print(f"| {beam} | {precision} | CTranslate2 failed: {last_line(str(failure))} |", flush=True)
+                    print(f"| {beam} | {precision} | {peer_name} failed: {last_line(str(failure))} |", flush=True)
                     continue
-                ratios = sorted(c / t for t, c in zip(times["tfm"], times["ct2"]))
+                ratios = sorted(c / t for t, c in zip(times["tfm"], times["peer"]))
                 print(f"| {beam} | {precision} | {statistics.median(times['tfm']):.2f} | "
-                      f"{statistics.median(times['ct2']):.2f} | "
-                      f"**{statistics.median(times['ct2']) / statistics.median(times['tfm']):.2f}x** | "
+                      f"{statistics.median(times['peer']):.2f} | "
+                      f"**{statistics.median(times['peer']) / statistics.median(times['tfm']):.2f}x** | "
                       f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {bleu(outputs['tfm'], args.reference):.2f} | "
-                      f"{bleu(outputs['ct2'], args.reference):.2f} | {statistics.median(rss['tfm']):.0f} | "
-                      f"{statistics.median(rss['ct2']):.0f} |", flush=True)
+                      f"{bleu(outputs['peer'], args.reference):.2f} | {statistics.median(rss['tfm']):.0f} | "
+                      f"{statistics.median(rss['peer']):.0f} |", flush=True)
 
     one_line = args.workdir / "one-line.txt"
     one_line.write_text(ONE_LINE + "\n", encoding="utf-8")
