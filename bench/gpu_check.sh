@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# GPU check (about 6-7 minutes on one H100 or H200): the CUDA tests, a short bf16 run of
+# GPU check, sized to finish within 8 minutes on one H100 or H200: the CUDA tests, a short bf16 run of
 # recipes/multi30k/de-en-gpu.toml with validation, a fresh-process evaluation of what it saved,
 # beam-5 translation of test_2016_flickr on the GPU and its score, whole processes of `tfm translate`
 # against CTranslate2 and MarianMTModel on the same GPU (bench/whole_process.py --device cuda: tfm
 # float32 and bf16 against CTranslate2 float32, bfloat16 and float16 and MarianMTModel float32 and
-# bfloat16), training throughput and MFU of tfm's step
-# against torch.nn.Transformer in bf16 autocast for the Multi30k shape and a Transformer-base shape
-# (bench/train_vs_reference.py --device cuda), and a 2-GPU torchrun when there are two GPUs.
+# bfloat16), training throughput and MFU of tfm's step against torch.nn.Transformer in bf16 autocast
+# for the Multi30k shape and a Transformer-base shape (bench/train_vs_reference.py --device cuda),
+# and a 2-GPU torchrun when there are two GPUs.
 #   MULTI30K_DIR=... bash bench/gpu_check.sh [OUT_DIR]
+# Its GPU steps have not yet run on a GPU; a dry run on a CPU passes every step but nvidia-smi:
+#   MULTI30K_DIR=../shared/data/multi30k GPU_CHECK_DEVICE=cpu GPU_CHECK_RECIPE=<tiny.toml with max_positions 256> \
+#   GPU_CHECK_TEST_LINES=60 GPU_CHECK_MINUTES=0.3 TFM="python -m tfm_cli" \
+#   GPU_CHECK_TRAIN_BENCH="--max-tokens 512 --steps 1 --rounds 1 --threads 2" bash bench/gpu_check.sh /tmp/gc
 # Settings: GPU_CHECK_MINUTES (training minutes, default 1), GPU_CHECK_DEVICE (default cuda),
 # GPU_CHECK_TEST_LINES (test lines to translate, default all), GPU_CHECK_RECIPE (default
 # recipes/multi30k/de-en-gpu.toml; a dry run on a CPU can use recipes/tiny.toml),
@@ -22,9 +26,9 @@
 #   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu/whl && cp -r ../shared/data/multi30k .gpu/
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 -d .gpu/whl ctranslate2==4.8.5
-# and run (carry [".gpu"]):
+# and run (carry [".gpu"]; the run folder's checkpoints are too large to come back, so only the tables and the log do):
 #   pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site;
-#   MULTI30K_DIR=.gpu/multi30k bash bench/gpu_check.sh $OUT
+#   MULTI30K_DIR=.gpu/multi30k bash bench/gpu_check.sh /tmp/gc; cp /tmp/gc/*.md /tmp/gc/gpu_check.log $OUT/
 # The PyPI wheel of CTranslate2 4.8.5 loads libcublas.so.12 (CUDA 12) at run time: on a machine
 # with only CUDA 13's libraries its GPU rows say that it failed (the MarianMTModel rows still run).
 set -uo pipefail
