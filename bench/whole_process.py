@@ -269,22 +269,25 @@ def main() -> None:
         'python -c "import ctranslate2, sentencepiece"': ([sys.executable, "-c", "import ctranslate2, sentencepiece"], None),
     }
     one_times = {name: [] for name in rows}
-    if args.one_line_runs < 1:
-        rows = {}
-    try:
-        for _ in range(args.one_line_runs):
-            for name, (command, stdin) in rows.items():
+    failed = {}  # row -> why (a peer that cannot run on this GPU)
+    for _ in range(max(args.one_line_runs, 0)):
+        for name, (command, stdin) in rows.items():
+            if name in failed:
+                continue
+            try:
                 one_times[name].append(measure(command, stdin, env, may_fail=on_gpu)["seconds"])
-    except CommandFailed as failure:
-        print(f"\nOne-line rows left out: {last_line(str(failure))}")
-        rows = {}
-    if rows:
+            except CommandFailed as failure:
+                failed[name] = last_line(str(failure))
+    if args.one_line_runs >= 1:
         floor = statistics.median(one_times['python -c "import torch"'])
         print("\n| one short line | wall s, median | min-max | / import torch |")
         print("|---|---|---|---|")
-    for name, values in (one_times if rows else {}).items():
-        print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | "
-              f"{statistics.median(values) / floor:.2f}x |")
+        for name, values in one_times.items():
+            if name in failed:
+                print(f"| {name} | failed: {failed[name]} | | |")
+            else:
+                print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | "
+                      f"{statistics.median(values) / floor:.2f}x |")
 
     if on_gpu:
         return  # peak RSS says nothing about GPU memory
