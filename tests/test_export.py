@@ -211,3 +211,23 @@ def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm,
     assert generation["min_length"] == 2  # tfm's min_len 1 as generate counts it (with the decoder start token)
     assert read_checkpoint(imported).decode_defaults["min_len"] == 1
     assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "second" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("target", ["marian", "ctranslate2"])
+def test_an_exported_folder_has_the_permissions_of_a_folder_made_by_hand(small_spm, tmp_path, target):
+    import os
+    import stat
+
+    model = random_checkpoint(small_spm, tmp_path, seed=5)
+    old_umask = os.umask(0o022)
+    try:
+        export(model, target, tmp_path / "new")
+        (tmp_path / "empty").mkdir(mode=0o750)
+        export(model, target, tmp_path / "empty")
+    finally:
+        os.umask(old_umask)
+    # A serving user or container must be able to read what was exported (not the temp folder's 0700).
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "empty").stat().st_mode) == 0o750  # the user's own folder keeps its mode
+    for path in (tmp_path / "new").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path.name

@@ -58,3 +58,9 @@ def test_load_reads_tsv_and_names_bad_lines(tmp_path):
         Glossary.load(path)
     with pytest.raises(TfmError, match="not found"):
         Glossary.load(tmp_path / "missing.tsv")
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_term(tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_bytes("\ufeffdog\tHund\ncat\tKatze\n".encode("utf-8"))
+    assert Glossary.load(path).constraints("A dog and a cat") == ["Hund", "Katze"]

@@ -374,3 +374,12 @@ def test_pharaoh_equals_translate_alignment_for_the_same_output(random_checkpoin
                          "--format", "pharaoh", "-q"])
     assert inspected.exit_code == 0, inspected.stderr
     assert [line.split("\t")[1] for line in translated.stdout.splitlines()] == inspected.stdout.splitlines()
+
+
+def test_a_sentence_longer_than_the_model_is_named_by_its_line(random_checkpoint):
+    too_long = " ".join([SOURCE] * load_model(random_checkpoint).model.config.max_positions)
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, "--format", "pharaoh"],
+                     input=f"{SOURCE}\n{too_long}\n")
+    assert result.exit_code == 1
+    assert "error: line 2: " in result.stderr and "max_positions" in result.stderr
+    assert len(result.stdout.splitlines()) == 1  # the line before it was answered

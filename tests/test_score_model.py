@@ -126,7 +126,7 @@ def test_mismatched_source_and_target_counts(random_checkpoint, pairs, tmp_path)
     short.write_text("la hundo\n", encoding="utf-8")
     result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short])
     assert result.exit_code == 1
-    assert f"{short} has 1 lines" in result.stderr and f"has {len(src)}" in result.stderr
+    assert f"{short} has 1" in result.stderr and f"has {len(src)} lines" in result.stderr
 
 
 def test_target_on_stdin_and_bad_normalize(random_checkpoint, pairs):
@@ -163,3 +163,35 @@ def test_interactive_target_lines_are_scored_before_the_input_ends(random_checkp
         process.wait(timeout=60)
     # The source file has more lines than the one target line: a clear error once input ends.
     assert process.returncode == 1 and b"line counts differ" in process.stderr.read()
+
+
+def test_a_pair_longer_than_the_model_gets_an_empty_line_and_the_others_their_scores(random_checkpoint, pairs, tmp_path):
+    src_path, tgt_path, src, tgt = pairs
+    loaded = load_model(random_checkpoint)
+    # The tiny test model takes max_positions tokens a side; this source has about three times as many.
+    long_source = " ".join(["the dog sees my cat"] * loaded.model.config.max_positions)
+    src_file, tgt_file = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src_file.write_text("\n".join([src[0], long_source, src[1]]) + "\n", encoding="utf-8")
+    tgt_file.write_text("\n".join([tgt[0], tgt[0], tgt[1]]) + "\n", encoding="utf-8")
+    plain = run_cli(["score", "-m", random_checkpoint, "--src", src_file, "--tgt", tgt_file, "--normalize", "none"])
+    assert plain.exit_code == 0, plain.stderr
+    lines = plain.stdout.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == ""
+    for line, s, t in zip((lines[0], lines[2]), (src[0], src[1]), (tgt[0], tgt[1])):
+        assert float(line) == pytest.approx(direct_log_probs(loaded, s, t).sum().item(), rel=1e-5, abs=1e-4)
+    assert "line 2:" in plain.stderr and "exceed the model's max_positions" in plain.stderr
+    as_json = run_cli(["score", "-m", random_checkpoint, "--src", src_file, "--tgt", tgt_file, "--json"])
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [record["score"] is None for record in records] == [False, True, False]
+    assert "max_positions" in records[1]["skipped"] and "skipped" not in records[0]
+
+
+def test_files_of_unequal_length_write_no_score_at_all(random_checkpoint, pairs, tmp_path):
+    src_path, tgt_path, src, _ = pairs
+    short = tmp_path / "short.txt"
+    short.write_text("la hundo\n", encoding="utf-8")
+    output = tmp_path / "scores.txt"
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short])
+    assert result.exit_code == 1 and result.stdout == ""
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short, "-o", output])
+    assert result.exit_code == 1 and not output.exists()

@@ -308,3 +308,49 @@ def test_a_chain_of_links_to_a_regular_file_replaces_the_file_and_keeps_the_link
     assert real.read_text().count("\n") == 2 and "old" not in real.read_text()
     assert real.stat().st_ino != inode  # replaced by a rename, not rewritten in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link1.txt", "link2.txt", "real.txt"]
+
+
+def test_an_output_file_replaced_keeps_its_permissions(tmp_path, small_spm):
+    private = tmp_path / "private.txt"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    result = encode(["-m", small_spm, "-o", private])
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and "old" not in private.read_text()
+    shared = tmp_path / "shared.txt"
+    shared.write_text("old\n")
+    shared.chmod(0o664)
+    assert encode(["-m", small_spm, "-o", shared]).exit_code == 0
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o664
+
+
+def test_a_new_output_file_gets_the_umask_s_permissions(tmp_path, small_spm):
+    old_umask = os.umask(0o027)
+    try:
+        result = encode(["-m", small_spm, "-o", tmp_path / "new.txt"])
+    finally:
+        os.umask(old_umask)
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640
+
+
+def test_a_file_the_user_may_not_write_is_not_replaced(tmp_path, small_spm, monkeypatch):
+    # Root may write any file, so a non-root user's view of a read-only file is simulated.
+    locked = tmp_path / "locked.txt"
+    locked.write_text("keep\n")
+    locked.chmod(0o444)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == locked else real_access(path, mode, **kw))
+    result = encode(["-m", small_spm, "-o", locked])
+    assert result.exit_code == 1
+    assert "no permission to write this file" in result.stderr and str(locked) in result.stderr
+    assert locked.read_text() == "keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["locked.txt"]
+
+
+def test_a_byte_order_mark_starting_the_input_is_dropped(small_spm):
+    with_mark = run_cli(["tokenize", "encode", "-m", small_spm], input="\ufeffa b c\r\nd e\n")
+    without = run_cli(["tokenize", "encode", "-m", small_spm], input="a b c\nd e\n")
+    assert with_mark.exit_code == 0 and with_mark.stdout == without.stdout
+    # Only a file's first character is a signature; elsewhere U+FEFF is text and stays.
+    inside = run_cli(["tokenize", "encode", "-m", small_spm], input="a b c\n\ufeffd e\n")
+    assert inside.stdout.splitlines()[1] != without.stdout.splitlines()[1]

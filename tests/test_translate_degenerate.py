@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,14 @@ def test_no_empty_translation_of_a_non_empty_line_unless_min_len_0(tmp_path, ran
     capped = translate(model, text, "--min-len", "3", "--max-len-b", "1", "--json")
     assert capped.exit_code == 0, capped.stderr
     assert [len(json.loads(line)["tokens"]) for line in capped.stdout.splitlines()] == [1, 1, 0, 1]
+
+
+def test_json_lines_stay_one_line_for_any_line_reader_when_the_source_holds_line_separators(random_checkpoint):
+    # U+2028, U+2029 and U+0085 inside a line are text to tfm but line breaks to str.splitlines();
+    # json.dumps(ensure_ascii=False) would copy them into the `source` field as they are.
+    sources = ["the dog\u2028sees my cat", "my cat\x85", "\u2029two old birds"]
+    result = translate(random_checkpoint, "".join(line + "\n" for line in sources), "--json")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(sources)
+    assert [json.loads(line)["source"] for line in lines] == sources

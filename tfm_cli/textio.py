@@ -6,9 +6,11 @@ Every command that takes a path goes through here, so `-`, CRLF handling, invali
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import io
+import json
 import os
 import queue
 import re
@@ -87,7 +89,8 @@ def open_binary_input(path: str) -> IO[bytes]:
 def iter_lines(
     path: str, strict_utf8: bool = True, stats: DecodeStats | None = None, stream: IO[bytes] | None = None
 ) -> Iterator[str]:
-    """Yield the lines of `path` (`-` = stdin) without their line ending (LF or CRLF).
+    """Yield the lines of `path` (`-` = stdin) without their line ending (LF or CRLF), and without
+    the UTF-8 byte-order mark a file may start with (a signature Windows tools write, not text).
 
     With `strict_utf8`, invalid UTF-8 raises TfmError naming the file and line number; otherwise
     bad bytes become U+FFFD and each repaired line is counted in `stats`. Lines are yielded as soon
@@ -101,6 +104,8 @@ def iter_lines(
     stream = open_binary_input(path) if stream is None else stream
     try:
         for number, raw in enumerate(iter(stream.readline, b""), start=1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
             if raw.endswith(b"\r"):
@@ -269,10 +274,29 @@ def temp_file_beside(target: Path) -> tuple[int, str]:
         fd, name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as error:  # name the file the user asked for, not the temp name
         raise OSError(error.errno, f"{error.strerror} (cannot create a file in {directory})", str(target)) from None
+    os.fchmod(fd, creation_mode())
+    return fd, name
+
+
+def creation_mode(folder: bool = False) -> int:
+    """The permission bits a new file (0666) or folder (0777) gets from open() or mkdir(): minus the umask."""
     umask = os.umask(0)
     os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
-    return fd, name
+    return (0o777 if folder else 0o666) & ~umask
+
+
+def keep_permissions(fd: int, target: Path) -> None:
+    """Give the open file `fd` the permission bits of the existing file `target`, and its owner and group
+    where this process may: replacing a file then changes its contents only, as `> target` would.
+
+    Raises TfmError if this process could not write `target` itself (a read-only file stays protected).
+    """
+    info = os.stat(target)
+    if not os.access(target, os.W_OK):
+        raise TfmError(f"{target}: no permission to write this file; make it writable (chmod u+w) or write elsewhere")
+    os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o777)
+    with contextlib.suppress(PermissionError):  # only root may give a file away; a group must be one's own
+        os.fchown(fd, info.st_uid, info.st_gid)
 
 
 def remove_stale_temp_files(folder: Path, target_names: str) -> list[Path]:
@@ -303,6 +327,17 @@ def one_line(text: str, tabs: bool = False) -> str:
     return text.translate(_BREAKS_AND_TABS_TO_SPACES if tabs else _BREAKS_TO_SPACES)
 
 
+# Characters json.dumps(ensure_ascii=False) writes as they are that str.splitlines() splits on.
+_JSON_LINE_BREAKS = str.maketrans({char: f"\\u{ord(char):04x}" for char in "\x85\u2028\u2029"})
+
+
+def json_line(record: object) -> str:
+    """`record` as one line of JSON (UTF-8 text kept as is, no newline): json.dumps escapes every
+    other LINE_BREAKS character itself; U+0085, U+2028 and U+2029 are escaped here, so the line
+    reads back as one line with any line reader."""
+    return json.dumps(record, ensure_ascii=False).translate(_JSON_LINE_BREAKS)
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     """A file (text: UTF-8 with \\n newlines; else binary) whose new contents replace `path`'s.
@@ -310,7 +345,9 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     A regular file (or a path not there yet) is written to a temp file in the same folder, fsynced,
     then renamed onto `path`: a crash at any moment leaves either the old file or the new one,
     never a partial file, and if the block raises (bad input, Ctrl-C) the temp file is removed and
-    `path` is left as it was. A symbolic link (or a chain of them) is followed: the file it points
+    `path` is left as it was. A file replaced keeps its permission bits, and its owner and group
+    where the process may set them (a file it may not write is refused); a hard link to the old file
+    keeps the old contents. A symbolic link (or a chain of them) is followed: the file it points
     to is replaced, the links stay. Anything that is not a regular file, directly or through links
     (/dev/null, a named pipe, a terminal, /dev/stdout or /proc/self/fd/N on a pipe), is written in
     place: renaming a file onto it would replace the device itself, or fail. What `path` is, is asked
@@ -340,6 +377,8 @@ def atomic_file(path: Path, text: bool = False) -> Iterator[IO]:
     fd, tmp_name = temp_file_beside(path)
     try:
         with io.open(fd, "w", encoding="utf-8", newline="\n") if text else os.fdopen(fd, "wb") as stream:
+            if mode is not None:  # an existing file: the new one keeps its permissions and owner
+                keep_permissions(stream.fileno(), path)
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
@@ -416,6 +455,26 @@ def open_output(path: str) -> Iterator[IO[str]]:
         return
     with atomic_file(Path(path), text=True) as stream:
         yield stream
+
+
+def count_lines(path: str) -> int | None:
+    """The number of lines of a regular file, None for stdin, a pipe or a device (reading those to
+    count would consume the input)."""
+    if path == STDIO or not Path(path).is_file():
+        return None
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def check_parallel_line_counts(src: str, tgt: str) -> None:
+    """Raise TfmError if two regular files have different line counts: checked before any work, so
+    nothing is written for inputs that do not pair up (pipes are checked at their end, zip_parallel)."""
+    src_count, tgt_count = count_lines(src), count_lines(tgt)
+    if src_count is not None and tgt_count is not None and src_count != tgt_count:
+        raise TfmError(
+            f"line counts differ: {src} has {src_count} lines but {tgt} has {tgt_count}; "
+            "source and target must be line-parallel"
+        )
 
 
 def zip_parallel(src_lines: Iterable[str], tgt_lines: Iterable[str], src_name: str, tgt_name: str) -> Iterator[tuple[str, str]]:

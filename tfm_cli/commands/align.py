@@ -37,18 +37,6 @@ EPILOG = (
 SYMMETRIZE_CHOICES = ("intersection", "union", "grow-diag-final-and")
 
 
-def check_line_counts(src: str, tgt: str) -> None:
-    """Compare the line counts of two regular files before any work (pipes are checked at their end)."""
-    from tfm_cli.commands.translate import count_lines
-
-    src_count, tgt_count = count_lines(src), count_lines(tgt)
-    if src_count is not None and tgt_count is not None and src_count != tgt_count:
-        raise TfmError(
-            f"line counts differ: {src} has {src_count} lines but {tgt} has {tgt_count}; "
-            "source and target must be line-parallel"
-        )
-
-
 def align(
     ctx: typer.Context,
     model: str = typer.Option(..., "-m", "--model", help="A source->target tfm checkpoint (.safetensors)."),
@@ -80,6 +68,8 @@ def align(
     from tfm_cli.textio import (
         DecodeStats,
         check_input_file,
+        check_parallel_line_counts,
+        count_lines,
         iter_lines,
         open_output,
         thread_stdin,
@@ -103,7 +93,7 @@ def align(
         if path not in (None, "-"):
             check_input_file(path)
     if src is not None:
-        check_line_counts(src, tgt)
+        check_parallel_line_counts(src, tgt)
     uses_stdin = "-" in (src, tgt, input)
     if uses_stdin and sys.stdin is None:
         raise TfmError("stdin is closed; give the input files with --src/--tgt or -i FILE")
@@ -177,8 +167,6 @@ def align(
                 TextColumn,
                 TimeRemainingColumn,
             )
-
-            from tfm_cli.commands.translate import count_lines
 
             columns = (TextColumn("aligning"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             with Progress(*columns, console=stderr_console(), transient=True) as bar:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from tfm_cli.config import AlignmentConfig
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
-from tfm_cli.textio import atomic_write_bytes, open_output, temp_file_beside
+from tfm_cli.textio import atomic_write_bytes, json_line, open_output, temp_file_beside
 
 if TYPE_CHECKING:
     from tfm_cli.checkpoint import LoadedModel
@@ -264,8 +263,11 @@ def make_examples(
     """Yield an Example per (source, forced target) pair: the forced target if given, else the model's translation."""
     from tfm_cli.inference.inspection import make_example
 
-    for source, forced in pairs:
-        example = make_example(loaded, source, forced, decode)
+    for number, (source, forced) in enumerate(pairs, start=1):
+        try:
+            example = make_example(loaded, source, forced, decode)
+        except TfmError as error:  # a sentence longer than the model's positions: say which
+            raise TfmError(f"line {number}: {error}") from None
         if example.translated:
             print_info(f"translation: {example.target}", quiet=quiet)
         yield example
@@ -291,7 +293,7 @@ def write_json(example: Example, view, kind: str, layer: int, head: str, words: 
     }
     if view.alignment is not None:
         record["alignment"] = pharaoh(view.alignment)
-    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    out.write(json_line(record) + "\n")
 
 
 def write_csv(view, sentence: int, out: IO[str], header: bool) -> None:
@@ -338,7 +340,7 @@ def render_walkthrough(steps, title: str, output_format: str, dims: int, out: IO
         for name in ("x", "q", "k", "v", "scores", "scaled", "weights", "output"):
             values = getattr(steps, name).tolist()
             record[name] = [[None if v == float("-inf") else v for v in row] for row in values]
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(json_line(record) + "\n")
         return
     if output_format != "heatmap":
         raise TfmError("--walkthrough prints tables, or --format json")

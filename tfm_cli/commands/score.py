@@ -17,12 +17,12 @@ from tfm_cli.commands.options import (
     resolve_dtype,
     threads_option,
 )
-from tfm_cli.console import data_table, print_info, stdout_console
+from tfm_cli.console import data_table, print_info, print_warning, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
 
 if TYPE_CHECKING:
-    from tfm_cli.inference.model_scores import SentenceScore
+    from tfm_cli.inference.model_scores import SentenceScore, TooLongPair
 
 EPILOG = (
     "Examples:\n\n"
@@ -161,6 +161,15 @@ def json_record(result: SentenceScore, value: float, pieces: list[str]) -> dict:
     }
 
 
+def too_long_record(result: TooLongPair) -> dict:
+    """The `score -m --json` object of a pair the model cannot take: json_record's fields, null, and why."""
+    return {
+        "schema": JSON_SCHEMA, "score": None, "raw": None, "tokens": None, "n_scored_tokens": None, "per_token": None,
+        "length_normalized": None, "token_log_probs": None,
+        "skipped": f"{result.src_tokens} source / {result.tgt_tokens} target tokens exceed max_positions={result.max_positions}",
+    }
+
+
 def score_with_model(
     ctx: typer.Context,
     model_path: str,
@@ -182,10 +191,10 @@ def score_with_model(
     from tfm_cli.checkpoint import load_model
     from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
-    from tfm_cli.inference.model_scores import NORMALIZATIONS, score_text_pairs
+    from tfm_cli.inference.model_scores import NORMALIZATIONS, TooLongPair, score_text_pairs
     from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.length_penalty import decode_length_penalty
-    from tfm_cli.textio import iter_lines, open_output, zip_parallel
+    from tfm_cli.textio import check_parallel_line_counts, iter_lines, json_line, open_output, zip_parallel
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
@@ -193,6 +202,7 @@ def score_with_model(
         check_length_penalty(alpha, "--length-penalty")
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
+    check_parallel_line_counts(src, tgt)  # files that do not pair up: an error before any score is written
     apply_threads(ctx, threads)
     target_device = resolve_device(device)
     loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
@@ -216,10 +226,16 @@ def score_with_model(
         scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, length_penalty, batch_size,
                                   excluded_ids=excluded_ids)
         for result in scores:
+            target = targets.popleft() if as_json else None
+            if isinstance(result, TooLongPair):
+                answer = "its JSON record has null scores" if as_json else "its score line is empty"
+                print_warning(f"{result.describe()}: not scored, {answer}")
+                out.write((json_line(too_long_record(result)) if as_json else "") + "\n")
+                out.flush()
+                continue
             value = result.value(normalize)
             if as_json:
-                pieces = loaded.tgt_tokenizer.encode_pieces(targets.popleft())
-                out.write(json.dumps(json_record(result, value, pieces), ensure_ascii=False) + "\n")
+                out.write(json_line(json_record(result, value, loaded.tgt_tokenizer.encode_pieces(target))) + "\n")
             else:
                 out.write(f"{value:.6f}\n")  # the precision translate --scores prints
             out.flush()

@@ -42,15 +42,6 @@ EPILOG = (
 )
 
 
-def count_lines(path: str) -> int | None:
-    """The number of lines of a regular file (for the progress bar), None for stdin, a pipe or a device
-    (reading those to count would consume the input)."""
-    if path == "-" or not Path(path).is_file():
-        return None
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-
-
 def translate(
     ctx: typer.Context,
     model: str = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside."),
@@ -200,6 +191,8 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
 
             columns = (TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             with Progress(*columns, console=stderr_console(), transient=True) as bar:
+                from tfm_cli.textio import count_lines
+
                 task = bar.add_task("translate", total=count_lines(input))
                 for chunk in chunks:
                     write_chunks(out, [chunk], output_format)

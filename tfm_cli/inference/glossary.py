@@ -53,7 +53,7 @@ class Glossary:
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is no part of the first term
         except FileNotFoundError:
             raise TfmError(f"glossary {path} not found") from None
         except UnicodeDecodeError as error:

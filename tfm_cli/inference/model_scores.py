@@ -108,13 +108,26 @@ def score_id_pairs(
     return scores
 
 
-def check_lengths(src_ids: list[int], tgt_ids: list[int], max_positions: int, line: int) -> None:
-    """Raise TfmError naming `line` if the source (+EOS) or target (+BOS) exceeds the model's positions."""
+@dataclass(frozen=True)
+class TooLongPair:
+    """A pair left unscored: its source (+EOS) or target (+BOS) has more tokens than the model's positions."""
+
+    line: int  # 1-based input line
+    src_tokens: int  # EOS included
+    tgt_tokens: int  # BOS included
+    max_positions: int
+
+    def describe(self) -> str:
+        """"line N: S source / T target tokens exceed the model's max_positions=M"."""
+        return (f"line {self.line}: {self.src_tokens} source / {self.tgt_tokens} target tokens exceed the model's "
+                f"max_positions={self.max_positions}")
+
+
+def too_long_pair(src_ids: list[int], tgt_ids: list[int], max_positions: int, line: int) -> TooLongPair | None:
+    """The TooLongPair of input `line` if its source (+EOS) or target (+BOS) exceeds the model's positions, else None."""
     if len(src_ids) + 1 > max_positions or len(tgt_ids) + 1 > max_positions:
-        raise TfmError(
-            f"line {line}: {len(src_ids) + 1} source / {len(tgt_ids) + 1} target tokens exceed the model's "
-            f"max_positions={max_positions}; shorten or drop that line"
-        )
+        return TooLongPair(line, len(src_ids) + 1, len(tgt_ids) + 1, max_positions)
+    return None
 
 
 def score_text_pairs(
@@ -127,8 +140,9 @@ def score_text_pairs(
     window_batches: int = 8,
     pause_s: float = INPUT_PAUSE_S,
     excluded_ids: tuple[int, ...] | None = None,
-) -> Iterator[SentenceScore]:
-    """Score (source, target) text pairs lazily, yielding one SentenceScore per pair in input order.
+) -> Iterator[SentenceScore | TooLongPair]:
+    """Score (source, target) text pairs lazily, yielding one SentenceScore per pair in input order, or a
+    TooLongPair for a pair the model cannot take (the other pairs are scored all the same).
 
     Pairs are read in a thread (textio.read_chunks, as translate does) in windows of at most
     `batch_size * window_batches`; a window also ends when the input pauses `pause_s` seconds, so
@@ -141,13 +155,17 @@ def score_text_pairs(
         raise TfmError(f"batch size must be at least 1, got {batch_size}")
     line = 0
     for chunk in read_chunks(pairs, batch_size * window_batches, pause_s):
-        window = []
+        window = []  # the pairs to score
+        answers: list[int | TooLongPair] = []  # per pair of the chunk: its index in window, or why not scored
         for src_text, tgt_text in chunk:
             line += 1
             src_ids, tgt_ids = src_tokenizer.encode_ids(src_text), tgt_tokenizer.encode_ids(tgt_text)
-            check_lengths(src_ids, tgt_ids, model.config.max_positions, line)
-            window.append((src_ids, tgt_ids))
-        yield from score_window(model, window, length_penalty, batch_size, excluded_ids)
+            too_long = too_long_pair(src_ids, tgt_ids, model.config.max_positions, line)
+            answers.append(len(window) if too_long is None else too_long)
+            if too_long is None:
+                window.append((src_ids, tgt_ids))
+        scores = score_window(model, window, length_penalty, batch_size, excluded_ids) if window else []
+        yield from (scores[answer] if isinstance(answer, int) else answer for answer in answers)
 
 
 def score_window(

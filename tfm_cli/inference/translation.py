@@ -9,7 +9,6 @@ translation independent of the batch it lands in. Validation during training dec
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from tfm_cli.model import Transformer
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.inference.search import Hypothesis
 from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_batch
-from tfm_cli.textio import INPUT_PAUSE_S, one_line, read_chunks
+from tfm_cli.textio import INPUT_PAUSE_S, json_line, one_line, read_chunks
 
 # How a warning about a truncated line ends when the line was not split into sentences.
 LONG_LINE_HINT = " (--split-sentences translates a line sentence by sentence)"
@@ -360,7 +359,7 @@ def format_line(line: TranslatedLine, output_format: OutputFormat) -> str:
     An empty input line gives an empty line. --json: one object per line (see json_record).
     """
     if output_format.json:
-        return json.dumps(json_record(line, output_format), ensure_ascii=False)
+        return json_line(json_record(line, output_format))
     columns = []
     for output in line.outputs:
         columns.append(output.text)

@@ -8,7 +8,6 @@ path as `translate --alignment` and `inspect-attention --format pharaoh`. Never 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from tfm_cli.inference.alignment import (
 from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.symmetrization import SYMMETRIZATIONS, ordered
 from tfm_cli.inference.translation import BatchingConfig, bucketed_batches
-from tfm_cli.textio import read_chunks
+from tfm_cli.textio import json_line, read_chunks
 
 SEPARATOR = "|||"  # fast_align's input format: "source words ||| target words"
 WordPair = tuple[list[str], list[str]]
@@ -276,4 +275,4 @@ def format_aligned(line: AlignedPair, as_json: bool, symmetrize: str | None = No
                 "alignment": pharaoh(direction.pairs) if direction else "",
                 "probabilities": rounded(direction.matrix if direction else None),
             }
-    return json.dumps(record, ensure_ascii=False)
+    return json_line(record)

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from tfm_cli.errors import TfmError
 from tfm_cli.length_penalty import length_penalty_of
 from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, layer_modules
 from tfm_cli.model.layers import sinusoidal_table
-from tfm_cli.textio import check_output_folder
+from tfm_cli.textio import check_output_folder, creation_mode
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # MarianMT's LayerNorm epsilon is fixed
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
@@ -327,9 +328,14 @@ def new_folder(folder: Path) -> Iterator[Path]:
         raise TfmError(f"{folder}: the folder is not empty; export into a new or empty folder")
     parent = folder.parent if str(folder.parent) else Path(".")
     check_output_folder(parent, folder)
+    # mkdtemp's folder is 0700: the export gets an existing empty folder's mode, or a new folder's.
+    mode = stat.S_IMODE(folder.stat().st_mode) if folder.is_dir() else creation_mode(folder=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=parent))
     try:
         yield work
+        for path in work.rglob("*"):  # as if each were created by open() or mkdir() (some writers make 0600 files)
+            os.chmod(path, creation_mode(folder=path.is_dir()))
+        os.chmod(work, mode)
         if folder.is_dir():
             folder.rmdir()  # empty, checked above
         os.replace(work, folder)
