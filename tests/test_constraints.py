@@ -14,7 +14,13 @@ import torch
 
 from test_search_scripted import ScriptedDecoder, raw
 from tfm_cli.config import DecodeConfig
-from tfm_cli.inference.constraints import NO_TOKEN, ConstraintTracker, count_occurrences, phrases_met
+from tfm_cli.inference.constraints import (
+    NO_TOKEN,
+    ConstraintTracker,
+    count_occurrences,
+    phrases_met,
+    word_continuation_ids,
+)
 from tfm_cli.inference.search import search_beams
 
 PAD, UNK, BOS, EOS, A, B, C, D = range(8)
@@ -170,3 +176,49 @@ def test_phrases_met_counts_repeats_without_overlap():
     assert phrases_met([C, A, C], [[C], [C]]) == [True, True]
     assert phrases_met([C, A], [[C], [C]]) == [True, False]
     assert count_occurrences([A, A, A], [A, A]) == 1
+
+
+def test_no_word_continuation_may_follow_a_completed_phrase():
+    # Say "d" is a piece that continues a word (the "e" of "Red Crosse"). Row 0 ends with the phrase
+    # "a b"; row 1 ("a c") does not, and has the phrase still to produce (so no EOS yet).
+    tracker = ConstraintTracker([[[A, B]]], EOS, continuation_ids=(D,))
+    tracker.start(2)
+    for tokens in ([A, A], [B, C]):
+        tracker.select(torch.tensor([0, 1]), torch.tensor(tokens))
+    log_probs = torch.zeros(2, 8)
+    tracker.apply(log_probs, 2, torch.tensor([9, 9]), closing=torch.tensor([False, False]))
+    assert log_probs[0].isinf().nonzero().view(-1).tolist() == [D]
+    assert log_probs[1].isinf().nonzero().view(-1).tolist() == [EOS]
+    # Without continuation ids (the default) nothing follows from the phrase's end.
+    plain = tracker_after([[A, B]], [A, B])
+    log_probs = torch.zeros(1, 8)
+    plain.apply(log_probs, 2, torch.tensor([9]), closing=torch.tensor([False]))
+    assert log_probs.isfinite().all()
+
+
+def test_a_search_does_not_extend_a_phrase_into_a_longer_word():
+    # The model wants "c" then the continuation "d" ("Red Cross" + "e"), then EOS; with "d" banned
+    # after the phrase it must end the word there.
+    script = {(): {C: 1.0}, (C,): {D: 0.9, EOS: 0.1}, (C, D): {EOS: 1.0}}
+    glued = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), [[[C]]])[0]
+    assert glued[0].tokens == [C, D]
+    whole = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), [[[C]]], continuation_ids=(D,))[0]
+    assert whole[0].tokens == [C] and whole[0].finished
+
+
+def test_a_phrase_glued_to_a_longer_word_is_not_met():
+    assert phrases_met([A, B, D], [[A, B]], frozenset({D})) == [False]
+    assert phrases_met([A, B, C], [[A, B]], frozenset({D})) == [True]
+    assert phrases_met([A, B, D, A, B], [[A, B]], frozenset({D})) == [True]  # the second one ends the output
+    assert word_continuation_ids(["<unk>", "<s>", "</s>", "▁Red", "▁C", "ro", "s", ".", "7", "<0x41>"]) == (5, 6, 8)
+
+
+def test_a_continuation_that_advances_another_phrase_is_allowed():
+    # Phrases "a" and "a d" ("in" and "into", where "d" is the continuation "to"): after "a" the
+    # output ends with the phrase "a", but "d" is what "a d" needs next.
+    tracker = ConstraintTracker([[[A], [A, D]]], EOS, continuation_ids=(C, D))
+    tracker.start(1)
+    tracker.select(torch.tensor([0]), torch.tensor([A]))
+    log_probs = torch.zeros(1, 8)
+    tracker.apply(log_probs, 1, torch.tensor([9]), closing=torch.tensor([False]))
+    assert log_probs[0].isinf().nonzero().view(-1).tolist() == [EOS, C]

@@ -9,8 +9,10 @@ banks round-robin (most-met bank first, as fairseq's LexicallyConstrainedBeamSea
 tensor operations over all rows at once; only the phrase length loops in Python.
 
 Phrases are unordered and independent; one that is listed twice must appear twice. A phrase counts
-as met where its token ids appear contiguously in the output (a longer word that starts with the
-phrase's pieces also holds it, as in Sockeye and fairseq).
+as met where its token ids appear contiguously in the output and the word ends with it: with the
+target vocabulary's word-continuation pieces given (`word_continuation_ids`: pieces that go on a
+word with a letter or digit), none may follow a completed phrase, so "Red Cross" is never produced
+as "Red Crosse" (Sockeye and fairseq let a longer word that starts with the phrase's pieces hold it).
 """
 
 from __future__ import annotations
@@ -46,23 +48,32 @@ def phrase_table(phrases_per_sentence: list[list[list[int]]]) -> tuple[torch.Ten
     return table, lengths, needed_counts
 
 
-def phrases_met(tokens: list[int], phrases: list[list[int]]) -> list[bool]:
+def word_continuation_ids(pieces: list[str]) -> tuple[int, ...]:
+    """The ids of `pieces` (a vocabulary, by id) that continue a word with a letter or digit: no leading
+    "▁" (sentencepiece's word start) and a first character that is alphanumeric ("e", "ing", "s")."""
+    return tuple(i for i, piece in enumerate(pieces) if piece[:1].isalnum())
+
+
+def phrases_met(tokens: list[int], phrases: list[list[int]], continuations: frozenset[int] = frozenset()) -> list[bool]:
     """For each phrase (token ids), whether `tokens` holds it; a phrase listed k times needs k
-    non-overlapping occurrences. Returns one bool per phrase, in order."""
+    non-overlapping occurrences, and an occurrence followed by one of `continuations` (word-continuation
+    ids) does not count. Returns one bool per phrase, in order."""
     seen: dict[tuple[int, ...], int] = {}
     met = []
     for phrase in phrases:
         key = tuple(phrase)
         seen[key] = seen.get(key, 0) + 1
-        met.append(bool(phrase) and count_occurrences(tokens, phrase) >= seen[key])
+        met.append(bool(phrase) and count_occurrences(tokens, phrase, continuations) >= seen[key])
     return met
 
 
-def count_occurrences(tokens: list[int], phrase: list[int]) -> int:
-    """How many non-overlapping times `phrase` appears contiguously in `tokens`, left to right."""
+def count_occurrences(tokens: list[int], phrase: list[int], continuations: frozenset[int] = frozenset()) -> int:
+    """How many non-overlapping times `phrase` appears contiguously in `tokens`, left to right, not
+    followed by a token of `continuations`."""
     count, start, width = 0, 0, len(phrase)
     while start + width <= len(tokens):
-        if tokens[start : start + width] == phrase:
+        ends_word = start + width == len(tokens) or tokens[start + width] not in continuations
+        if tokens[start : start + width] == phrase and ends_word:
             count, start = count + 1, start + width
         else:
             start += 1
@@ -77,8 +88,12 @@ class ConstraintTracker:
     output (so a phrase broken off half-way and restarted is matched, and so is an overlap).
     """
 
-    def __init__(self, phrases_per_sentence: list[list[list[int]]], eos_id: int) -> None:
+    def __init__(
+        self, phrases_per_sentence: list[list[list[int]]], eos_id: int, continuation_ids: tuple[int, ...] = ()
+    ) -> None:
         self.eos_id = eos_id
+        # Tokens that may not follow a completed phrase (word_continuation_ids): a phrase ends a word.
+        self.continuation_ids = torch.tensor(continuation_ids, dtype=torch.long)
         self.sentence_phrases, self.sentence_lengths, self.sentence_needed = phrase_table(phrases_per_sentence)
         # Per sentence, the constraint tokens to produce (a bank index runs 0 .. this).
         self.sentence_totals = (self.sentence_lengths * self.sentence_needed).sum(1)  # (N,)
@@ -137,11 +152,21 @@ class ConstraintTracker:
         return torch.where(unmet, tokens, NO_TOKEN)
 
     def apply(self, log_probs: torch.Tensor, step: int, row_limits: torch.Tensor, closing: torch.Tensor) -> None:
-        """Mask log_probs: (R, V) in place: no EOS while a phrase is unmet; a row whose unmet tokens
-        fill every step left before its limit (row_limits: (R,) int64) may only advance a phrase.
-        Rows closing at their limit now (closing: (R,) bool) are left to the length limit."""
+        """Mask log_probs: (R, V) in place: no EOS while a phrase is unmet; no word-continuation token
+        right after a completed phrase, except one that advances an unmet phrase (where one phrase's
+        pieces begin another's); a row whose unmet tokens fill every step left before its limit
+        (row_limits: (R,) int64) may only advance a phrase. Rows closing at their limit now (closing:
+        (R,) bool) are left to the length limit."""
         unmet = self.unmet_tokens()
         open_rows = ~closing
+        ends_phrase = ((self.progress == self.lengths) & (self.lengths > 0)).any(1)  # (R,) the output ends with one
+        if self.continuation_ids.numel() and bool(ends_phrase.any()):
+            # ...unless the token goes on with an unmet phrase ("to" after "in" when "into" is wanted too).
+            banned = torch.zeros(log_probs.shape, dtype=torch.bool)
+            banned[:, self.continuation_ids] = True
+            next_tokens = self.next_tokens()
+            banned.scatter_(1, next_tokens.clamp(min=0), banned.gather(1, next_tokens.clamp(min=0)) & (next_tokens < 0))
+            log_probs.masked_fill_((ends_phrase[:, None] & banned).to(log_probs.device), float("-inf"))
         ban_eos = (unmet > 0) & open_rows
         if bool(ban_eos.any()):
             log_probs[:, self.eos_id].masked_fill_(ban_eos.to(log_probs.device), float("-inf"))

@@ -65,7 +65,8 @@ def greedy_search(
 
 
 def search_beams(
-    decoder: StepDecoder, config: DecodeConfig, constraints: list[list[list[int]]] | None = None
+    decoder: StepDecoder, config: DecodeConfig, constraints: list[list[list[int]]] | None = None,
+    continuation_ids: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Beam search scored by `config`'s length penalty rule; finished sentences leave the batch.
 
@@ -82,12 +83,14 @@ def search_beams(
     constraints: per sentence, target phrases (token ids) its outputs must contain. The candidates
     then come from dynamic beam allocation (constraints.ConstraintTracker.candidates), EOS waits
     until every phrase is in, and outputs that meet more constraint tokens rank first.
+    continuation_ids: the target vocabulary's word-continuation tokens (constraints.word_continuation_ids),
+    none of which may follow a completed phrase.
     """
     eos = decoder.eos_id
     beam, rule = config.beam_size, decode_length_penalty(config)
     tracker = None
     if constraints is not None and any(constraints):
-        tracker = ConstraintTracker(constraints, eos)
+        tracker = ConstraintTracker(constraints, eos, continuation_ids)
     masks = step_masks(decoder, config, tracker)
     n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary

@@ -40,11 +40,13 @@ STOP_WAIT_S = 5.0
 @dataclass(frozen=True)
 class SearchJob:
     """One batch to search: source ids (EOS not included), and per source its sampling seed or its
-    required target phrases (token ids) when the search uses them."""
+    required target phrases (token ids) when the search uses them, with the target vocabulary's
+    word-continuation tokens that may not follow a phrase (constraints.word_continuation_ids)."""
 
     sources: list[list[int]]
     seeds: list[int] | None = None
     phrases: list[list[list[int]]] | None = None
+    continuation_ids: tuple[int, ...] = ()
 
 
 def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> list[list[Hypothesis]]:
@@ -54,7 +56,7 @@ def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> li
     with torch.inference_mode():
         if decode.sample:
             return search_samples(decoder, decode, job.seeds)
-        return search_beams(decoder, decode, job.phrases)
+        return search_beams(decoder, decode, job.phrases, job.continuation_ids)
 
 
 def worker_loop(

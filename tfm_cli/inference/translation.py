@@ -27,7 +27,7 @@ from tfm_cli.inference.alignment import (
     word_spans,
 )
 from tfm_cli.checkpoint import LoadedModel
-from tfm_cli.inference.constraints import phrases_met
+from tfm_cli.inference.constraints import phrases_met, word_continuation_ids
 from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.config import AlignmentConfig, DecodeConfig
@@ -111,6 +111,11 @@ class Translator:
         self.source_prefix = list(source_prefix)
         self.text = text
         self.constrained = text.constraint_fields or text.glossary is not None
+        # A constraint phrase must end its word: these target tokens may not follow one (constraints.py).
+        self.continuation_ids: tuple[int, ...] = ()
+        if self.constrained:
+            target = loaded.tgt_tokenizer
+            self.continuation_ids = word_continuation_ids([target.id_to_piece(i) for i in range(target.vocab_size)])
         if self.constrained and decode.sample:
             raise TfmError("constraints (--constraints, --glossary) need beam search or greedy decoding, not --sample")
         if text.splitter is not None and decode.nbest > 1:
@@ -184,6 +189,7 @@ class Translator:
         searched = search_batches(
             self.model, sources, self.decode, self.batching, constraints=constraints if self.constrained else None,
             seeds={i: self.decode.seed + seed_indices[i] for i in sources}, workers=self.workers,
+            continuation_ids=self.continuation_ids,
         )
         for batch, hypotheses in searched:
             for i, hyps in zip(batch, hypotheses):
@@ -240,7 +246,9 @@ class Translator:
             raw_score=hypothesis.score,
             score=hypothesis.normalised_score(self.length_penalty),
             finished=hypothesis.finished,
-            constraints_met=phrases_met(hypothesis.tokens, phrases) if phrases is not None else None,
+            constraints_met=(
+                phrases_met(hypothesis.tokens, phrases, frozenset(self.continuation_ids)) if phrases is not None else None
+            ),
         )
 
     @torch.inference_mode()
@@ -305,14 +313,15 @@ def search_batches(
     constraints: dict[int, list[list[int]]] | None = None,
     seeds: dict[int, int] | None = None,
     workers: SearchWorkers | None = None,
+    continuation_ids: tuple[int, ...] = (),
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
 
     Yields (line indices of a batch, n-best hypotheses per line), batch by batch in bucketed_batches'
     order. Sampling draws line i's samples from seeds[i], by default decode.seed + first_index + i, so
     they depend on the line, not on its batch or chunk. constraints: per line, target phrases (token
-    ids) its outputs must hold. workers: search the batches in these processes instead of this one
-    (the same hypotheses).
+    ids) its outputs must hold, each ending a word: none of `continuation_ids` may follow one.
+    workers: search the batches in these processes instead of this one (the same hypotheses).
     """
     batches = list(bucketed_batches(sources, batching))
     jobs = (
@@ -320,6 +329,7 @@ def search_batches(
             sources=[sources[i] for i in batch],
             seeds=[seeds[i] if seeds else decode.seed + first_index + i for i in batch] if decode.sample else None,
             phrases=[constraints.get(i, []) for i in batch] if constraints and not decode.sample else None,
+            continuation_ids=continuation_ids if constraints and not decode.sample else (),
         )
         for batch in batches
     )
