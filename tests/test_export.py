@@ -210,6 +210,10 @@ def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm,
     assert generation["num_beams"] == 5 and generation["length_penalty"] == 0.6  # tfm's defaults travel
     assert generation["min_length"] == 2  # tfm's min_len 1 as generate counts it (with the decoder start token)
     assert read_checkpoint(imported).decode_defaults["min_len"] == 1
+    # tfm's length limit grows with the source (1.5 * source tokens + 10): generate cannot state it,
+    # so it travels under tfm_max_len and the imported model stops where the exported one did.
+    assert generation["tfm_max_len"] == {"a": 1.5, "b": 10}
+    assert {k: read_checkpoint(imported).decode_defaults[k] for k in ("max_len_a", "max_len_b")} == {"max_len_a": 1.5, "max_len_b": 10}
     assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "second" / "model.safetensors").read_bytes()
 
 

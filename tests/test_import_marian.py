@@ -480,6 +480,10 @@ REFUSALS = {
         'tfm_length_penalty_kind=["gnmt"] is not one of',
     ),
     "negative min_length": (lambda folder: edit_json(folder / "generation_config.json", min_length=-1), "min_length must be an integer >= 0"),
+    "proportional limit not numbers": (
+        lambda folder: edit_json(folder / "generation_config.json", tfm_max_len={"a": "1.5", "b": 10}),
+        'tfm_max_len must be {"a": number, "b": integer}',
+    ),
     "tied copy differs": (lambda folder: edit_weights(folder, differing_tied_copy), "differs from 'model.shared.weight'"),
     "an extra tensor": (lambda folder: edit_weights(folder, lambda t: t.update(extra=torch.zeros(2))), "'extra'"),
     "learned positions": (

@@ -33,7 +33,7 @@ from tfm_cli.checkpoint import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.length_penalty import length_penalty_of
-from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, layer_modules
+from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder, creation_mode
 
@@ -165,8 +165,9 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     models; GNMT's has no `generate` equivalent, so its alpha stands as is, with the rule's name under
     tfm_length_penalty_kind), forced EOS, the minimum length and the never-generated tokens carry over
     (`tfm import` reads them all back). A fixed length limit
-    (max_len_a = 0, as imported models have) becomes max_length; tfm's own limit, proportional to the source length, has no `generate` equivalent, so the
-    model's position limit stands in for it.
+    (max_len_a = 0, as imported models have) becomes max_length; tfm's own limit, proportional to the
+    source length, has no `generate` equivalent, so the model's position limit stands in for it and
+    the limit itself goes under tfm_max_len, for `tfm import` to read back.
     """
     config = checkpoint.config
     defaults = {**config_to_dict(DecodeConfig()), **checkpoint.decode_defaults}
@@ -185,6 +186,8 @@ def generation_config(checkpoint: Checkpoint) -> dict[str, Any]:
     }
     if defaults["min_len"] > 0:  # generate's min_length counts the decoder start token, tfm's min_len does not
         generation["min_length"] = int(defaults["min_len"]) + 1
+    if not fixed_limit:
+        generation[TFM_MAX_LEN] = {"a": float(defaults["max_len_a"]), "b": int(defaults["max_len_b"])}
     if defaults["length_penalty_kind"] != "hf":
         # generate keeps keys it does not know and ignores them; `tfm import` reads this one back, so
         # the imported model ranks and stops its beams as the exported one did.

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, layer_modules
+from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.length_penalty import KINDS
 from tfm_cli.model.layers import halves_sinusoidal_table
 from tfm_cli.textio import file_sha256
@@ -432,7 +432,8 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
     with generate's default alpha 1.0 when unstated (a folder tfm exported names its own rule under
     tfm_length_penalty_kind), and EOS may come first (min_len 0) unless min_length or min_new_tokens
     says otherwise. HF's max_length counts the decoder start token and EOS, so it becomes
-    max_len_b = max_length - 2 with max_len_a = 0. Raises TfmError naming a setting tfm's searches
+    max_len_b = max_length - 2 with max_len_a = 0, unless tfm_max_len (a folder tfm exported) gives
+    the limit proportional to the source. Raises TfmError naming a setting tfm's searches
     do not implement.
     """
     path = folder / GENERATION_FILE
@@ -469,6 +470,8 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
         defaults.update(max_len_a=0.0, max_len_b=generation_int(settings, "max_new_tokens", where, minimum=2) - 1)
     elif "max_length" in settings:
         defaults.update(max_len_a=0.0, max_len_b=generation_int(settings, "max_length", where, minimum=3) - 2)
+    if TFM_MAX_LEN in settings:  # a folder tfm exported: its limit proportional to the source
+        defaults.update(proportional_limit(settings[TFM_MAX_LEN], where))
     banned = settings.get("bad_words_ids") or []
     if not isinstance(banned, list) or not all(isinstance(words, list) for words in banned):
         raise TfmError(f"{where}: bad_words_ids must be a list of token id lists, got {json.dumps(banned)}")
@@ -484,6 +487,15 @@ def generation_defaults(folder: Path, config: dict[str, Any], special: dict[str,
     if renormalize:
         defaults["renormalize"] = True
     return defaults
+
+
+def proportional_limit(value: Any, where: str) -> dict[str, Any]:
+    """The {"a": a, "b": b} of tfm_max_len as DecodeConfig's max_len_a (float) and max_len_b (int).
+    Raises TfmError naming the field when it is not that shape."""
+    a, b = (value.get("a"), value.get("b")) if isinstance(value, dict) and set(value) == {"a", "b"} else (None, None)
+    if isinstance(a, bool) or not isinstance(a, int | float) or isinstance(b, bool) or not isinstance(b, int):
+        raise TfmError(f'{where}: {TFM_MAX_LEN} must be {{"a": number, "b": integer}}, got {json.dumps(value)}')
+    return {"max_len_a": float(a), "max_len_b": b}
 
 
 def generation_int(settings: dict[str, Any], name: str, where: str, minimum: int) -> int:

@@ -3,7 +3,7 @@ tfm's, for every layer's linear and norm modules: the importer reads it one way,
 
 tfm fuses the query, key and value projections (self-attention) and the key and value projections
 (cross-attention) into one matrix each: such a module lists several MarianMT modules, whose weights are
-the row blocks of tfm's, in order. One name of tfm's own travels in generation_config.json too.
+the row blocks of tfm's, in order. Two names of tfm's own travel in generation_config.json too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from tfm_cli.config import ModelConfig
 
 # The generation_config.json key naming a length penalty rule other than generate's (length_penalty.KINDS).
 TFM_LENGTH_PENALTY_KIND = "tfm_length_penalty_kind"
+# The generation_config.json key holding a length limit proportional to the source, {"a": float, "b": int}
+# (max_len_a * source tokens + max_len_b), which generate cannot state.
+TFM_MAX_LEN = "tfm_max_len"
 BOTH = ("encoder", "decoder")
 # (stacks that have it, tfm module in a layer, MarianMT modules in a layer, shape of each MarianMT
 # module's weight in d (d_model) and ff (d_ff); a norm's is (d,), and every module has a bias of its rows)
