@@ -4,6 +4,7 @@ sentences one by one, rejoined with its own spacing; alignments map back; long l
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -48,6 +49,13 @@ def test_a_paragraph_is_its_sentences_translated_one_by_one(model_path, sentence
             tgt_offset += len(r["translation"].split())
         assert parse_pharaoh(record["alignment"]) == expected
         assert record["raw_score"] == pytest.approx(sum(r["raw_score"] for r in group), abs=1e-4)
+        # Every sentence's EOS is scored: the line's n is the sentences' n summed, and the score is
+        # the raw score normalised at that n by the GNMT rule, with the alpha a sentence's own score shows.
+        n = sum(r["nbest"][0]["n_scored_tokens"] for r in group)
+        first = group[0]["nbest"][0]
+        alpha = math.log(first["raw_score"] / first["score"]) / math.log((5 + first["n_scored_tokens"]) / 6)
+        assert record["nbest"][0]["n_scored_tokens"] == n
+        assert record["score"] == pytest.approx(record["raw_score"] / ((5 + n) / 6) ** alpha, rel=1e-5)
 
 
 def test_one_output_line_per_input_line_on_hostile_input(model_path, sentences):

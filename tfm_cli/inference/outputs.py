@@ -14,7 +14,7 @@ class Output:
     ids: list[int]  # output token ids, EOS excluded
     pieces: list[str]
     raw_score: float  # sum of token log-probs, EOS included
-    score: float  # raw_score normalised by the decoding's length penalty rule at len(pieces) + 1
+    score: float  # raw_score normalised by the decoding's length penalty rule at n_scored_tokens
     finished: bool  # False if EOS was forced at the length limit
     alignment: list[tuple[int, int]] | None = None  # word-level (src, tgt) pairs
     words: list[tuple[int, int]] | None = None  # character offsets [start, end) of each output word
@@ -22,6 +22,14 @@ class Output:
     plain_text: str | None = None  # with --markup: the translation before its tags were put back
     # With --markup: `alignment` plus each source word's best target word (the links tags follow).
     markup_links: list[tuple[int, int]] | None = None
+    # The tokens raw_score sums over, EOS included: len(pieces) + 1 when None; one EOS per sentence
+    # for a line translated sentence by sentence (--split-sentences).
+    scored_tokens: int | None = None
+
+    @property
+    def n_scored_tokens(self) -> int:
+        """The number of token log-probs raw_score sums (EOS included) and score is normalised at."""
+        return len(self.pieces) + 1 if self.scored_tokens is None else self.scored_tokens
 
 
 @dataclass

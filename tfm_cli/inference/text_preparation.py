@@ -133,6 +133,7 @@ def joined_output(prepared: PreparedLine, answers: list[TranslatedLine], k: int,
         raw_score=raw_score,
         score=length_penalty.normalise(raw_score, n_scored),
         finished=all(output.finished for output in chosen if output),
+        scored_tokens=n_scored,
     )
     if any(answer.constraints is not None for answer in answers):
         output.constraints_met = []

@@ -389,7 +389,7 @@ def json_record(line: TranslatedLine, output_format: OutputFormat) -> dict:
             "score": output.score,
             "raw_score": output.raw_score,
             "tokens": output.pieces,
-            "n_scored_tokens": len(output.pieces) + 1,
+            "n_scored_tokens": output.n_scored_tokens,
             "finished": output.finished,
         }
         if output.alignment is not None:
