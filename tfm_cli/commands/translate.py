@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -166,7 +165,7 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
     stdout) in `output_format`, with a progress bar when asked or when the input is a file and stderr
     a terminal; then report on stderr."""
     from tfm_cli.inference.translation import TranslationStats, translate_stream
-    from tfm_cli.textio import DecodeStats, iter_lines, open_output, thread_stdin
+    from tfm_cli.textio import DecodeStats, count_lines, iter_lines, open_output, thread_stdin
 
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
@@ -191,8 +190,6 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
 
             columns = (TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
             with Progress(*columns, console=stderr_console(), transient=True) as bar:
-                from tfm_cli.textio import count_lines
-
                 task = bar.add_task("translate", total=count_lines(input))
                 for chunk in chunks:
                     write_chunks(out, [chunk], output_format)
