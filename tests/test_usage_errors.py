@@ -36,3 +36,14 @@ def test_a_real_process_reports_usage_errors_the_same_way():
 def test_help_and_version_still_exit_zero():
     assert run_cli(["translate", "--help"]).exit_code == 0
     assert run_cli(["--version"]).exit_code == 0
+
+
+@pytest.mark.parametrize("args, command", [
+    (["translate", "-m"], "tfm translate"),  # Click reports a missing option value without a context
+    (["score", "-r", "ref.txt", "-m"], "tfm score"),
+    (["tokenize", "encode", "-m"], "tfm tokenize"),
+])
+def test_the_hint_names_the_subcommand_whose_option_is_wrong(args, command):
+    result = run_cli(args)
+    assert result.exit_code == 2
+    assert f"hint: run '{command} --help'" in result.stderr

@@ -85,7 +85,7 @@ class TfmGroup(TfmCommandGroup):
                 error.show()
                 sys.exit(error.exit_code)
             print_error(" ".join(error.format_message().split()))
-            command = error.ctx.command_path if error.ctx is not None else "tfm"
+            command = error.ctx.command_path if error.ctx is not None else self.command_named(kwargs.get("args"))
             print_hint(f"run '{command} --help' for its options and examples")
             sys.exit(EXIT_USAGE)
         except typer.Abort:
@@ -93,6 +93,12 @@ class TfmGroup(TfmCommandGroup):
             sys.exit(EXIT_INTERRUPTED)
         # Without standalone mode, an exit (typer.Exit, --help, --version) returns its code.
         sys.exit(result if isinstance(result, int) else 0)
+
+    def command_named(self, args: list[str] | None) -> str:
+        """`tfm SUBCOMMAND` for the first subcommand name on the command line (`args`, else sys.argv), else `tfm`:
+        what a usage error that Click reports without a context (`tfm translate -m`) is about."""
+        words = sys.argv[1:] if args is None else args
+        return next((f"tfm {word}" for word in words if word in self.commands), "tfm")
 
     def make_context(self, *args, **kwargs):
         """Parse the command line; an interrupt meanwhile exits as one in a command does (Typer would exit 130 silently)."""
