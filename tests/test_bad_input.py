@@ -79,13 +79,13 @@ TEXT_MATRIX: dict[str, dict[str, Expect]] = {
     "tokenize-decode": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3), invalid_utf8=BAD_UTF8,
                             nul_bytes=ok(2), crlf=ok(2), long_line=ok(1)),
     "translate": dict(missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
-                      invalid_utf8=ok(2, "1 line(s) had invalid UTF-8"), nul_bytes=ok(2), crlf=ok(2),
+                      invalid_utf8=ok(2, "1 line(s) had invalid UTF-8 (line 2)"), nul_bytes=ok(2), crlf=ok(2),
                       long_line=ok(1, "source tokens exceed the model's 127; only the first 127 were translated")),
     # The same inputs with each way of taking lines apart: still one output line per input line.
     **{
         f"translate{'-'.join(['', *flags[0].strip('-').split()])}": dict(
             missing=NO_FILE, directory=IS_DIR, empty=ok(0), blank_lines=ok(3),
-            invalid_utf8=ok(2, "1 line(s) had invalid UTF-8"), nul_bytes=ok(2), crlf=ok(2),
+            invalid_utf8=ok(2, "1 line(s) had invalid UTF-8 (line 2)"), nul_bytes=ok(2), crlf=ok(2),
             long_line=ok(1, "source tokens exceed the model's 127; only the first 127 were translated"),
         )
         for flags in (["--split-sentences"], ["--markup html"], ["--constraints"])

@@ -130,7 +130,7 @@ def test_invalid_utf8_and_overlong_lines_are_repaired_and_counted(model_path):
     result = run_cli(["translate", "-m", model_path, "--beam", "2"], input=data)
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout.splitlines()) == 3
-    assert "1 line(s) had invalid UTF-8" in result.stderr
+    assert "1 line(s) had invalid UTF-8 (line 1); bad bytes became U+FFFD" in result.stderr
     assert "line 2: its" in result.stderr and "source tokens exceed the model's 127" in result.stderr
 
 

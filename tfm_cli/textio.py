@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -75,6 +75,17 @@ class DecodeStats:
     """Counts what lenient reading had to repair."""
 
     invalid_utf8_lines: int = 0
+    first_invalid_utf8_lines: list[int] = field(default_factory=list)  # 1-based, the first NAMED_LINES of them
+
+    def invalid_utf8_warning(self) -> str:
+        """The warning for the lines repaired: how many, which (the first NAMED_LINES), and what became of the bytes."""
+        named = ", ".join(map(str, self.first_invalid_utf8_lines))
+        more = f", first {NAMED_LINES} named" if self.invalid_utf8_lines > NAMED_LINES else ""
+        return (f"{self.invalid_utf8_lines} line(s) had invalid UTF-8 (line {named}{more}); "
+                "bad bytes became U+FFFD")
+
+
+NAMED_LINES = 20  # lines a warning names one by one
 
 
 def open_binary_input(path: str) -> IO[bytes]:
@@ -119,6 +130,8 @@ def iter_lines(
                     ) from None
                 if stats is not None:
                     stats.invalid_utf8_lines += 1
+                    if len(stats.first_invalid_utf8_lines) < NAMED_LINES:
+                        stats.first_invalid_utf8_lines.append(number)
                 yield raw.decode("utf-8", errors="replace")
     finally:
         if stream is not sys.stdin.buffer:

@@ -175,7 +175,7 @@ def align(
                     write(out, chunk)
                     bar.advance(task, len(chunk))
     if decode_stats.invalid_utf8_lines:
-        print_warning(f"{decode_stats.invalid_utf8_lines} line(s) had invalid UTF-8; bad bytes became U+FFFD")
+        print_warning(decode_stats.invalid_utf8_warning())
     if stats.malformed_lines:
         print_warning(
             f"{stats.malformed_lines} line(s) did not have exactly one ' ||| ' separator (the first: line "

@@ -196,7 +196,7 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
                     bar.advance(task, len(chunk))
     elapsed = stats.seconds  # translating only: time spent waiting for input lines is not counted
     if decode_stats.invalid_utf8_lines:
-        print_warning(f"{decode_stats.invalid_utf8_lines} line(s) had invalid UTF-8; bad bytes became U+FFFD")
+        print_warning(decode_stats.invalid_utf8_warning())
     if stats.unencodable_lines:
         print_warning(
             f"{stats.unencodable_lines} non-blank line(s) had no characters the model's tokenizer keeps; "
