@@ -219,3 +219,13 @@ def test_translation_time_leaves_out_waiting_for_input(random_checkpoint, monkey
         answered.release()
     assert stats.lines == 2 and len(idle_hours) == 2
     assert 0 < stats.seconds < hour
+
+
+def test_sampling_options_without_sample_are_named_as_ignored(model_path):
+    plain = run_cli(["translate", "-m", model_path, "--beam", "2", "-q"], input="the dog sees my cat\n")
+    shaped = run_cli(["translate", "-m", model_path, "--beam", "2", "-q", "--top-k", "5", "--temperature", "0.7"],
+                     input="the dog sees my cat\n")
+    assert shaped.exit_code == 0 and shaped.stdout == plain.stdout
+    assert "ignored without --sample: --top-k, --temperature" in shaped.stderr
+    sampled = run_cli(["translate", "-m", model_path, "--sample", "-q", "--top-k", "5"], input="the dog sees my cat\n")
+    assert sampled.exit_code == 0 and "ignored" not in sampled.stderr

@@ -118,6 +118,12 @@ def translate(
         no_unk=no_unk, min_len=min_len,
     )
     resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
+    sampling_only = [name for name, value, default in (
+        ("--top-k", top_k, decode_default("sample_top_k")), ("--top-p", top_p, decode_default("sample_top_p")),
+        ("--temperature", temperature, decode_default("temperature")),
+    ) if value != default]
+    if sampling_only and not sample:
+        print_warning(f"ignored without --sample: {', '.join(sampling_only)} (they shape sampling only)")
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     if markup is not None and markup not in MARKUP_MODES:
         raise TfmError(f"--markup must be one of {', '.join(MARKUP_MODES)}, got {markup!r}")
