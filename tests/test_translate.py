@@ -229,3 +229,14 @@ def test_sampling_options_without_sample_are_named_as_ignored(model_path):
     assert "ignored without --sample: --top-k, --temperature" in shaped.stderr
     sampled = run_cli(["translate", "-m", model_path, "--sample", "-q", "--top-k", "5"], input="the dog sees my cat\n")
     assert sampled.exit_code == 0 and "ignored" not in sampled.stderr
+
+
+def test_an_empty_line_gets_the_same_empty_columns_as_the_other_lines(model_path):
+    result = run_cli(["translate", "-m", model_path, "--beam", "3", "--nbest", "2", "--scores", "--alignment", "-q"],
+                     input="the dog sees my cat\n\nmy cat\n")
+    assert result.exit_code == 0, result.stderr
+    rows = result.stdout.split("\n")[:-1]
+    assert [row.count("\t") for row in rows] == [5, 5, 5]  # 2 hypotheses x (text, score, alignment)
+    assert rows[1] == "\t" * 5
+    plain = run_cli(["translate", "-m", model_path, "--beam", "2", "-q"], input="the dog sees my cat\n\n")
+    assert plain.stdout.split("\n")[1] == ""  # one column: still an empty line

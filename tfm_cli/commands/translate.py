@@ -162,7 +162,8 @@ def translate(
     sys.stderr.flush()
     with SearchWorkers(loaded.model, decode, workers) if workers > 1 else contextlib.nullcontext() as pool:
         translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options, workers=pool)
-        output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty)
+        output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty,
+                                     nbest=decode.nbest)
         translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet)
 
 

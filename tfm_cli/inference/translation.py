@@ -81,6 +81,7 @@ class OutputFormat:
     json: bool = False
     # The rule the scores were normalised with (--json states its formula).
     length_penalty: LengthPenalty = field(default_factory=lambda: decode_length_penalty(DecodeConfig()))
+    nbest: int = 1  # hypotheses per line: an empty line gets as many (empty) columns as the others
 
 
 class Translator:
@@ -366,10 +367,14 @@ def format_line(line: TranslatedLine, output_format: OutputFormat) -> str:
 
     Plain: the translation; with --scores a TAB and the score; with --alignment a TAB and the
     Pharaoh pairs; with --nbest K the K hypotheses' columns follow each other on the same line.
-    An empty input line gives an empty line. --json: one object per line (see json_record).
+    An empty input line gives a line of as many empty columns (an empty line without TABs when
+    there is one column). --json: one object per line (see json_record).
     """
     if output_format.json:
         return json_line(json_record(line, output_format))
+    if not line.outputs:
+        per_hypothesis = 1 + output_format.scores + output_format.alignment
+        return "\t" * (per_hypothesis * output_format.nbest - 1)
     columns = []
     for output in line.outputs:
         columns.append(output.text)
