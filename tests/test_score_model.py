@@ -195,3 +195,13 @@ def test_files_of_unequal_length_write_no_score_at_all(random_checkpoint, pairs,
     assert result.exit_code == 1 and result.stdout == ""
     result = run_cli(["score", "-m", random_checkpoint, "--src", src_path, "--tgt", short, "-o", output])
     assert result.exit_code == 1 and not output.exists()
+
+
+def test_a_last_line_without_a_newline_still_pairs_up(random_checkpoint, pairs, tmp_path):
+    _, _, src, tgt = pairs
+    src_file, tgt_file = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    src_file.write_text(f"{src[0]}\n{src[1]}\n", encoding="utf-8")
+    tgt_file.write_text(f"{tgt[0]}\n{tgt[1]}", encoding="utf-8")  # no newline after the last line
+    result = run_cli(["score", "-m", random_checkpoint, "--src", src_file, "--tgt", tgt_file])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2

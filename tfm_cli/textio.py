@@ -471,12 +471,16 @@ def open_output(path: str) -> Iterator[IO[str]]:
 
 
 def count_lines(path: str) -> int | None:
-    """The number of lines of a regular file, None for stdin, a pipe or a device (reading those to
-    count would consume the input)."""
+    """The number of lines of a regular file (a last line without a newline counts, as iter_lines reads
+    it), None for stdin, a pipe or a device (reading those to count would consume the input)."""
     if path == STDIO or not Path(path).is_file():
         return None
+    count, last = 0, b"\n"
     with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+        for block in iter(lambda: f.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
 
 
 def check_parallel_line_counts(src: str, tgt: str) -> None:
