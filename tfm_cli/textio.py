@@ -70,6 +70,9 @@ def as_regular_file(path: Path) -> Iterator[Path]:
         yield copy
 
 
+NAMED_LINES = 20  # lines a warning names one by one
+
+
 @dataclass
 class DecodeStats:
     """Counts what lenient reading had to repair."""
@@ -84,8 +87,6 @@ class DecodeStats:
         return (f"{self.invalid_utf8_lines} line(s) had invalid UTF-8 (line {named}{more}); "
                 "bad bytes became U+FFFD")
 
-
-NAMED_LINES = 20  # lines a warning names one by one
 
 
 def open_binary_input(path: str) -> IO[bytes]:
