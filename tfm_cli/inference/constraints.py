@@ -94,6 +94,7 @@ class ConstraintTracker:
         self.eos_id = eos_id
         # Tokens that may not follow a completed phrase (word_continuation_ids): a phrase ends a word.
         self.continuation_ids = torch.tensor(continuation_ids, dtype=torch.long)
+        self._continuation_mask: torch.Tensor | None = None  # (V,) bool, built at the first apply
         self.sentence_phrases, self.sentence_lengths, self.sentence_needed = phrase_table(phrases_per_sentence)
         # Per sentence, the constraint tokens to produce (a bank index runs 0 .. this).
         self.sentence_totals = (self.sentence_lengths * self.sentence_needed).sum(1)  # (N,)
@@ -151,6 +152,13 @@ class ConstraintTracker:
         tokens = self.phrases.gather(2, position[..., None])[..., 0]
         return torch.where(unmet, tokens, NO_TOKEN)
 
+    def continuation_mask(self, vocab_size: int) -> torch.Tensor:
+        """(V,) bool: True at the continuation ids; built once per tracker (a search's vocabulary is fixed)."""
+        if self._continuation_mask is None or self._continuation_mask.numel() != vocab_size:
+            self._continuation_mask = torch.zeros(vocab_size, dtype=torch.bool)
+            self._continuation_mask[self.continuation_ids] = True
+        return self._continuation_mask
+
     def apply(self, log_probs: torch.Tensor, step: int, row_limits: torch.Tensor, closing: torch.Tensor) -> None:
         """Mask log_probs: (R, V) in place: no EOS while a phrase is unmet; no word-continuation token
         right after a completed phrase, except one that advances an unmet phrase (where one phrase's
@@ -162,8 +170,7 @@ class ConstraintTracker:
         ends_phrase = ((self.progress == self.lengths) & (self.lengths > 0)).any(1)  # (R,) the output ends with one
         if self.continuation_ids.numel() and bool(ends_phrase.any()):
             # ...unless the token goes on with an unmet phrase ("to" after "in" when "into" is wanted too).
-            banned = torch.zeros(log_probs.shape, dtype=torch.bool)
-            banned[:, self.continuation_ids] = True
+            banned = self.continuation_mask(log_probs.size(1)).expand(log_probs.shape).clone()
             next_tokens = self.next_tokens()
             banned.scatter_(1, next_tokens.clamp(min=0), banned.gather(1, next_tokens.clamp(min=0)) & (next_tokens < 0))
             log_probs.masked_fill_((ends_phrase[:, None] & banned).to(log_probs.device), float("-inf"))

@@ -117,6 +117,7 @@ class Translator:
         if self.constrained:
             target = loaded.tgt_tokenizer
             self.continuation_ids = word_continuation_ids([target.id_to_piece(i) for i in range(target.vocab_size)])
+        self.continuation_set = frozenset(self.continuation_ids)  # for constraints_met, per output
         if self.constrained and decode.sample:
             raise TfmError("constraints (--constraints, --glossary) need beam search or greedy decoding, not --sample")
         if text.splitter is not None and decode.nbest > 1:
@@ -248,7 +249,7 @@ class Translator:
             score=hypothesis.normalised_score(self.length_penalty),
             finished=hypothesis.finished,
             constraints_met=(
-                phrases_met(hypothesis.tokens, phrases, frozenset(self.continuation_ids)) if phrases is not None else None
+                phrases_met(hypothesis.tokens, phrases, self.continuation_set) if phrases is not None else None
             ),
         )
 
