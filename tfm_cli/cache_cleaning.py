@@ -1,13 +1,13 @@
 """What a cache folder of prepared corpora holds, and removing what is no longer needed (`tfm cache`).
 
 No training run ever removes an entry (cache_folder.py): this module does, on request, and only entries
-that no process reads (none holds a shared lock on their readers.lock) and only folders that are
-provably tfm's (a manifest it wrote, or a temp folder's marker). Library code: it never prints.
+that no process reads (none holds a shared lock on their readers.lock), and only what tfm can prove it
+made (cache_folder.tfm_entry_manifest, tfm_ref_target, temp_folder_lock): a cache folder is often a
+folder the user keeps other files in. Library code: it never prints.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +18,13 @@ from tfm_cli.cache_folder import (
     MANIFEST,
     READERS_LOCK,
     REF_SUFFIX,
+    TEMP_PREFIX,
     EntryNames,
     remove_dead_temp_folders,
     retire_folder,
+    temp_folder_lock,
+    tfm_entry_manifest,
+    tfm_ref_target,
 )
 from tfm_cli.errors import TfmError
 from tfm_cli.file_locks import try_lock
@@ -48,17 +52,35 @@ class CleanReport:
     temp_folders: list[Path] = field(default_factory=list)
     refs: list[Path] = field(default_factory=list)
     kept_in_use: list[CacheEntry] = field(default_factory=list)
+    foreign: list[Path] = field(default_factory=list)  # looked like tfm's, but tfm cannot prove it made them
 
 
-def entry_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest of a folder that tfm made as an entry (of any cache version), or None for any other folder."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("version"), int) or "inputs" not in manifest:
-        return None
-    return manifest
+def check_cache_folder(cache_dir: Path) -> None:
+    """TfmError naming the problem if `cache_dir` is not an existing folder."""
+    where = "give the cache folder (data.cache_dir, or RUN/cache)"
+    if not cache_dir.exists():
+        raise TfmError(f"{cache_dir}: no such folder; {where}")
+    if not cache_dir.is_dir():
+        raise TfmError(f"{cache_dir}: not a folder; {where}")
+
+
+def foreign_items(cache_dir: Path) -> list[Path]:
+    """The items of `cache_dir` with a name or content of tfm's kinds (a `.ref` file, a `.tmp-` folder, a
+    folder holding a manifest.json) that tfm cannot prove it made, by name: they are never removed.
+    Other files and folders (the user's own) are not listed."""
+    found = []
+    for path in sorted(cache_dir.iterdir()):
+        if path.name.endswith(REF_SUFFIX):
+            ours = tfm_ref_target(path) is not None
+        elif path.name.startswith(TEMP_PREFIX) and path.is_dir():
+            ours = temp_folder_lock(path) is not None
+        elif path.is_dir() and (path / MANIFEST).exists():
+            ours = tfm_entry_manifest(path) is not None
+        else:
+            continue
+        if not ours:
+            found.append(path)
+    return found
 
 
 def recorded_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,14 +120,11 @@ def folder_size(path: Path) -> int:
 
 
 def list_entries(cache_dir: Path) -> list[CacheEntry]:
-    """The entries of `cache_dir` (folders tfm made), by name; TfmError if it is not a folder."""
-    if not cache_dir.is_dir():
-        raise TfmError(f"{cache_dir}: not a folder; give the cache folder (data.cache_dir, or RUN/cache)")
+    """The entries of `cache_dir` (folders tfm provably made), by name; TfmError if it is not a folder."""
+    check_cache_folder(cache_dir)
     entries = []
     for path in sorted(cache_dir.iterdir()):
-        if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
-            continue
-        manifest = entry_manifest(path)
+        manifest = tfm_entry_manifest(path)
         if manifest is None:
             continue
         records = recorded_files(manifest)
@@ -124,9 +143,10 @@ def clean_cache(cache_dir: Path, everything: bool = False, dry_run: bool = False
     """Remove what `cache_dir` no longer needs; returns what was (with `dry_run`: would be) removed.
 
     Superseded entries (their text files changed or are gone), or with `everything` every entry, unless a
-    process reads it; the temp folders of preparations that died; refs whose entry is gone. An entry
-    leaves view at once (renamed into a marked temp folder) and is deleted after. Lock files stay: they
-    are a few bytes, and removing one under a waiting process would let two preparers in.
+    process reads it; the temp folders of preparations that died; refs whose entry is gone (or, dry, would
+    be). An entry leaves view at once (renamed into a marked temp folder) and is deleted after. Lock files
+    stay: they are a few bytes, and removing one under a waiting process would let two preparers in.
+    Only what tfm provably made is touched; `report.foreign` lists what looked like it but is not.
     """
     report = CleanReport()
     for entry in list_entries(cache_dir):
@@ -141,15 +161,16 @@ def clean_cache(cache_dir: Path, everything: bool = False, dry_run: bool = False
         report.entries.append(entry)
     if not dry_run:
         report.temp_folders = remove_dead_temp_folders(cache_dir)
+    removed = {entry.path.name for entry in report.entries}
     for ref in sorted(cache_dir.glob(f"*{REF_SUFFIX}")):
-        try:
-            target = ref.parent / ref.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
+        target = tfm_ref_target(ref)
+        if target is None:
             continue
-        if not target.is_dir():
+        if target in removed or not (cache_dir / target).is_dir():
             if not dry_run:
                 ref.unlink(missing_ok=True)
             report.refs.append(ref)
+    report.foreign = foreign_items(cache_dir)
     return report
 
 

@@ -16,6 +16,12 @@ containers and by hosts (NFS), and who may remove what in it. No torch here: `tf
   preparers in.
 - temp folders, CACHE/.tmp-NAME-FAMILY-RANDOM/, each with a marker file naming its family's lock: a
   temp folder is removed only when it has a marker and its lock can be taken (its preparer is dead).
+
+A cache folder is often one the user also keeps files in, so tfm removes only what it can prove it made
+(`tfm_entry_manifest`, `tfm_ref_target`, `temp_folder_lock`): a name of the shapes above, and content
+that agrees with the name (a manifest whose recorded SHA-256s give the entry's name, or that says
+`"tool": "tfm"`; a ref naming an entry of its own family; a temp folder's marker naming its own family's
+lock). Anything else is not tfm's, whatever it is called.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -41,6 +48,13 @@ TEMP_PREFIX = ".tmp-"
 TEMP_MARKER = "tfm-temp.json"  # inside every temp folder tfm makes: {"tool": "tfm", "lock": NAME, host, pid, since}
 REF_SUFFIX = ".ref"
 LOCK_SUFFIX = ".lock"
+TOOL = "tfm"  # the "tool" of every manifest and temp marker tfm writes
+
+FAMILY = r"[a-z]+-[0-9a-f]{12}"  # NAME-FAMILY: the corpus's name (train, valid), then 12 hex digits
+ENTRY_NAME = re.compile(rf"(?P<family>{FAMILY})-(?P<content>[0-9a-f]{{16}})")
+REF_NAME = re.compile(rf"(?P<family>{FAMILY})\.[0-9a-f]{{16}}{re.escape(REF_SUFFIX)}")
+TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(?P<family>{FAMILY})-[A-Za-z0-9_]+")
+MAX_REF_BYTES = 256  # a ref holds one entry name (46 bytes for "train-...")
 
 
 def digest_of(parts: Any) -> str:
@@ -75,6 +89,57 @@ class EntryNames:
         return sorted(found, key=lambda path: path.stat().st_mtime_ns, reverse=True)
 
 
+def recorded_content_digest(manifest: dict[str, Any]) -> str | None:
+    """The 16 hex digits an entry with this manifest is named by (its text files' recorded full SHA-256s,
+    src and tgt of each input in turn, digested); None if the manifest does not record them."""
+    try:
+        sha256s = [str(pair[side]["sha256"]) for pair in manifest["inputs"] for side in ("src", "tgt")]
+    except (KeyError, TypeError):
+        return None
+    return digest_of(sha256s)[:16] if sha256s else None
+
+
+def tfm_entry_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of `path` if it is an entry folder tfm made (of any cache version), else None.
+
+    Proof: an entry's name, its readers.lock, and a manifest (a JSON object with an integer version) that
+    either says `"tool": "tfm"` or records the SHA-256s whose digest is the name's last part (entries of
+    cache versions 3 and 4 written before the tool key). A folder of another tool, whatever its manifest
+    holds, is not tfm's.
+    """
+    name = ENTRY_NAME.fullmatch(path.name)
+    if name is None or path.is_symlink() or not path.is_dir() or not (path / READERS_LOCK).is_file():
+        return None
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("version"), int) or "inputs" not in manifest:
+        return None
+    if manifest.get("tool") != TOOL and recorded_content_digest(manifest) != name["content"]:
+        return None
+    return manifest
+
+
+def tfm_ref_target(path: Path) -> str | None:
+    """The entry name that the ref file `path` holds if tfm wrote it, else None.
+
+    Proof: a ref's name (NAME-FAMILY.PRINT.ref), a small regular file, and content that is the name of an
+    entry of the same family. The entry itself need not exist (a stale ref).
+    """
+    name = REF_NAME.fullmatch(path.name)
+    if name is None or path.is_symlink() or not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > MAX_REF_BYTES:
+            return None
+        target = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    entry = ENTRY_NAME.fullmatch(target)
+    return target if entry is not None and entry["family"] == name["family"] else None
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """An entry's manifest.json, or None if there is no entry or it is unreadable or of another version."""
     try:
@@ -92,7 +157,7 @@ def temp_folder(names: EntryNames) -> Iterator[Path]:
     removed unless the caller renamed it into place. Its name is random: no other process can own it."""
     temp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{names.family}-", dir=names.cache_dir))
     try:
-        marker = {"tool": "tfm", "lock": names.lock.name, **holder_record()}
+        marker = {"tool": TOOL, "lock": names.lock.name, **holder_record()}
         (temp / TEMP_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
         yield temp
     finally:
@@ -101,13 +166,17 @@ def temp_folder(names: EntryNames) -> Iterator[Path]:
 
 def temp_folder_lock(path: Path) -> str | None:
     """The name of the lock file that the tfm temp folder `path` names in its marker; None if `path` is not
-    a folder tfm made (no marker, or one that does not read as tfm's)."""
+    a folder tfm made (not a temp folder's name, no marker, or a marker that is not tfm's or names another
+    family's lock)."""
+    name = TEMP_NAME.fullmatch(path.name)
+    if name is None or path.is_symlink() or not path.is_dir():
+        return None
     try:
         marker = json.loads((path / TEMP_MARKER).read_text(encoding="utf-8"))
         lock = marker["lock"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if marker.get("tool") != "tfm" or not isinstance(lock, str) or "/" in lock or not lock.endswith(LOCK_SUFFIX):
+    if marker.get("tool") != TOOL or lock != f"{name['family']}{LOCK_SUFFIX}":
         return None
     return lock
 
@@ -124,8 +193,6 @@ def remove_dead_temp_folders(cache_dir: Path, held_lock: str | None = None) -> l
     if not cache_dir.is_dir():
         return removed
     for path in cache_dir.iterdir():
-        if not (path.name.startswith(TEMP_PREFIX) and path.is_dir() and not path.is_symlink()):
-            continue
         lock = temp_folder_lock(path)
         if lock is None:
             continue

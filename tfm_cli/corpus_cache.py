@@ -25,6 +25,7 @@ from tfm_cli.cache_folder import (
     CACHE_VERSION,
     MANIFEST,
     READERS_LOCK,
+    TOOL,
     EntryNames,
     digest_of,
     read_manifest,
@@ -342,7 +343,7 @@ def write_entry(
         (temp / READERS_LOCK).touch()
         path = names.entry([record[side]["sha256"] for record in records for side in ("src", "tgt")])
         manifest = {
-            "version": CACHE_VERSION, "inputs": records, "stats": [item.to_dict() for item in stats],
+            "tool": TOOL, "version": CACHE_VERSION, "inputs": records, "stats": [item.to_dict() for item in stats],
             "pairs": writer.pairs, "src_tokens": writer.totals["src"], "tgt_tokens": writer.totals["tgt"],
             "filters": asdict(filters), "eos_id": eos_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         }

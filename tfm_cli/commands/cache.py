@@ -29,8 +29,19 @@ app = typer.Typer(
 CACHE_HELP = "The cache folder: a recipe's data.cache_dir, or a run's RUN/cache."
 
 
+FOREIGN_SHOWN = 20  # items named one per line; the rest are counted
+
+
 def mebibytes(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB"
+
+
+def report_foreign(paths: list[Path], quiet: bool = False) -> None:
+    """Name on stderr the items that look like tfm's but are not provably, so were left alone."""
+    for path in paths[:FOREIGN_SHOWN]:
+        print_info(f"not tfm's, left alone: {path}", quiet=quiet)
+    if len(paths) > FOREIGN_SHOWN:
+        print_info(f"and {len(paths) - FOREIGN_SHOWN} more items that are not tfm's, left alone", quiet=quiet)
 
 
 @app.command("list", cls=TfmCommand, epilog="Example:\n\n  tfm cache list /data/tfm-cache")
@@ -41,7 +52,7 @@ def list_command(cache_dir: Path = typer.Argument(..., help=CACHE_HELP, show_def
 
     On a terminal a table; piped, tab-separated lines.
     """
-    from tfm_cli.cache_cleaning import list_entries
+    from tfm_cli.cache_cleaning import foreign_items, list_entries
 
     entries = list_entries(cache_dir)
     rows = [[entry.path.name, entry.state, "yes" if entry.in_use else "no", mebibytes(entry.size_bytes),
@@ -51,6 +62,7 @@ def list_command(cache_dir: Path = typer.Argument(..., help=CACHE_HELP, show_def
     else:
         for row in rows:
             sys.stdout.write("\t".join(row) + "\n")
+    report_foreign(foreign_items(cache_dir))
     print_info(f"{len(entries)} prepared corpora, {mebibytes(sum(entry.size_bytes for entry in entries))} in {cache_dir}")
 
 
@@ -68,7 +80,8 @@ def clean_command(
 
     Prints each removed path on stdout. Entries a running process maps, on any host, are kept.
 
-    Folders tfm did not make are never touched.
+    Only what tfm can prove it made is removed: files and folders that merely look like its own (a
+    `.ref` file, a `.tmp-` folder, another tool's manifest.json) are named on stderr and left alone.
     """
     from tfm_cli.cache_cleaning import clean_cache
 
@@ -77,6 +90,7 @@ def clean_command(
         sys.stdout.write(f"{path}\n")
     for entry in report.kept_in_use:
         print_info(f"kept {entry.path.name}: a running process reads it", quiet=quiet)
+    report_foreign(report.foreign, quiet)
     verb = "would remove" if dry_run else "removed"
     freed = mebibytes(sum(entry.size_bytes for entry in report.entries))
     print_info(f"{verb} {len(report.entries)} entries ({freed}), {len(report.temp_folders)} temp folders, "
