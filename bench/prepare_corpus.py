@@ -310,11 +310,11 @@ def spm_encode(argv: list[str]) -> None:
 
 def map_entry(argv: list[str]) -> None:
     """--map-entry ENTRY HOLD_SECONDS: map a prepared cache entry the way `tfm train` does
-    (corpus_cache.read_entry), read every token of it, wait HOLD_SECONDS (so that the other readers
+    (corpus/entry.read_entry), read every token of it, wait HOLD_SECONDS (so that the other readers
     have mapped it too), print one JSON line of /proc/self/smaps_rollup figures in KiB, and wait again
     (so that it is still mapped while the others read theirs)."""
-    from tfm_cli.cache_folder import read_manifest
-    from tfm_cli.corpus_entry import read_entry
+    from tfm_cli.corpus.cache_folder import read_manifest
+    from tfm_cli.corpus.entry import read_entry
 
     entry, hold = Path(argv[0]), float(argv[1])
     corpus = read_entry(entry, read_manifest(entry), 1 << 30, 1 << 30, check_tokens=False)

@@ -1,7 +1,7 @@
 """Training throughput of tfm's step against a plain torch.nn.Transformer step, and model FLOPs utilisation.
 
 In one process, on the same batches of Multi30k de->en ($MULTI30K_DIR, else ../shared/data/multi30k;
-tfm_cli.data token-budget batching, seeded):
+tfm_cli.corpus.batching token-budget batching, seeded):
   tfm        tfm_cli.training.step.train_step on tfm_cli.model.Transformer (what `tfm train` runs per update)
   reference  torch.nn.Transformer (batch_first, post-norm) with the same sizes, a shared embedding
              tied to the output projection, sinusoidal positions, the usual masks, projection of
@@ -50,9 +50,9 @@ from torch import nn
 
 from tfm_cli.allocator import keep_all_freed_memory
 from tfm_cli.config import ModelConfig
-from tfm_cli.corpus_cache import prepare_corpus
-from tfm_cli.corpus_filters import FilterSettings
-from tfm_cli.data import Batch, batch_indices, collate, epoch_generator
+from tfm_cli.corpus.cache import prepare_corpus
+from tfm_cli.corpus.filters import FilterSettings
+from tfm_cli.corpus.batching import Batch, batch_indices, collate, epoch_generator
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.special_ids import EOS_ID, PAD_ID

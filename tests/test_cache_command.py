@@ -17,7 +17,7 @@ from tfm_cli.tokenizer import Tokenizer
 READER = """
 import sys
 from pathlib import Path
-from tfm_cli.corpus_entry import open_entry
+from tfm_cli.corpus.entry import open_entry
 corpus = open_entry(Path(sys.argv[1]), (1 << 30, 1 << 30), False)
 print("mapped" if corpus is not None else "refused", flush=True)
 sys.stdin.read()
@@ -99,7 +99,7 @@ def test_a_users_ref_file_survives_clean_all(tmp_path):
 DEAD_PREPARER = """
 import os, sys
 from pathlib import Path
-from tfm_cli.cache_folder import EntryNames, temp_folder
+from tfm_cli.corpus.cache_folder import EntryNames, temp_folder
 with temp_folder(EntryNames(Path(sys.argv[1]), sys.argv[2])) as temp:
     (temp / "src.tokens").write_bytes(b"half")
     os._exit(0)  # dies before its cleanup, as a killed preparation does

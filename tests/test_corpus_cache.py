@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from tfm_cli.cache_folder import MANIFEST
-from tfm_cli.corpus_cache import prepare_corpus
-from tfm_cli.corpus_entry import ARRAYS
-from tfm_cli.corpus_filters import FilterSettings
+from tfm_cli.corpus.cache_folder import MANIFEST
+from tfm_cli.corpus.cache import prepare_corpus
+from tfm_cli.corpus.entry import ARRAYS
+from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.tokenizer import Tokenizer
@@ -153,7 +153,7 @@ def big_pair(folder, lines=6000):
 def edit_between_sampled_blocks(path, keep_times=True):
     """Change the number ending one line in place, same length, outside every block the fingerprint samples,
     keeping the modification time (as cp -p, rsync -a or tar do); returns the line's 0-based number."""
-    from tfm_cli.parallel_text import SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS
+    from tfm_cli.corpus.parallel_text import SAMPLE_BLOCK_BYTES, SAMPLE_BLOCKS
 
     stat = path.stat()
     data = bytearray(path.read_bytes())
@@ -188,8 +188,8 @@ def test_a_same_length_edit_with_the_modification_time_kept_is_noticed(tmp_path,
 def forge_ref_for_current_files(cache, inputs, entry=None):
     """Make the ref of the files' current fingerprints name `entry` (default: the one entry): the state a
     cache is in when a file changed without its change time (a file system whose times cannot be trusted)."""
-    from tfm_cli.cache_folder import EntryNames
-    from tfm_cli.parallel_text import fingerprint
+    from tfm_cli.corpus.cache_folder import EntryNames
+    from tfm_cli.corpus.parallel_text import fingerprint
 
     if entry is None:
         (entry,) = [path for path in cache.iterdir() if path.is_dir()]
@@ -212,7 +212,7 @@ def test_a_change_the_fingerprint_misses_is_found_by_the_full_hash(tmp_path, tok
         again = prepare(tmp_path, tokenizer, inputs, filters)
         assert not again.from_cache and again.path != first.path
     else:
-        monkeypatch.setattr("tfm_cli.corpus_cache.SYNC_CHECK_BYTES", 0)
+        monkeypatch.setattr("tfm_cli.corpus.cache.SYNC_CHECK_BYTES", 0)
         stale = prepare(tmp_path, tokenizer, inputs, filters)
         assert stale.from_cache and stale.path == first.path
         failure = stale.content_check.result(wait=True)
@@ -291,7 +291,7 @@ def test_a_rank_that_must_find_the_entry_does_not_prepare_it(tmp_path, tokenizer
 
 
 def test_progress_is_reported_in_bytes_of_both_files(tmp_path, tokenizer, monkeypatch):
-    monkeypatch.setattr("tfm_cli.corpus_cache.PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr("tfm_cli.corpus.cache.PROGRESS_SECONDS", 0.0)
     src, tgt = write_pair(tmp_path, "a", SOURCE * 3, TARGET * 3)
     reports = []
     prepare(tmp_path, tokenizer, [(src, tgt)], chunk_lines=5, on_progress=reports.append)
@@ -304,8 +304,8 @@ def test_progress_is_reported_in_bytes_of_both_files(tmp_path, tokenizer, monkey
 WORKER = """
 import json, os, sys, time
 from pathlib import Path
-from tfm_cli.corpus_cache import prepare_corpus
-from tfm_cli.corpus_filters import FilterSettings
+from tfm_cli.corpus.cache import prepare_corpus
+from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.tokenizer import Tokenizer
 
@@ -396,7 +396,7 @@ def hold_lock(path):
 
 
 def test_only_temp_folders_that_tfm_made_and_whose_preparer_is_dead_are_removed(tmp_path):
-    from tfm_cli.cache_folder import TEMP_MARKER, remove_dead_temp_folders
+    from tfm_cli.corpus.cache_folder import TEMP_MARKER, remove_dead_temp_folders
 
     cache = tmp_path / "cache"
     foreign = {".tmp-notes": "a user's notes", ".tmp-train-0123456789ab-99999999": "named like an old tfm temp"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfm_cli.corpus_filters import (
+from tfm_cli.corpus.filters import (
     EmptySide,
     FilterSettings,
     IdenticalSides,

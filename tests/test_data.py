@@ -5,17 +5,8 @@ from __future__ import annotations
 import torch
 
 from tfm_cli.config import SEED_LIMIT, derive_seed
-from tfm_cli.data import (
-    EpochSampler,
-    FilterStats,
-    TokenizedCorpus,
-    batch_indices,
-    collate,
-    epoch_generator,
-    epoch_rows,
-    flatten,
-    sorted_batches,
-)
+from tfm_cli.corpus.batching import EpochSampler, batch_indices, collate, epoch_generator, epoch_rows, sorted_batches
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.distributed import World
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -86,7 +77,7 @@ def test_batches_equal_the_plainly_written_rule():
 def test_batching_in_chunks_changes_nothing(monkeypatch):
     src_lengths, tgt_lengths = random_lengths(600, 4)
     whole = sorted_batches(src_lengths, tgt_lengths, 200, epoch_generator(1, 0))
-    monkeypatch.setattr("tfm_cli.data.BATCHING_CHUNK", 7)
+    monkeypatch.setattr("tfm_cli.corpus.batching.BATCHING_CHUNK", 7)
     chunked = sorted_batches(src_lengths, tgt_lengths, 200, epoch_generator(1, 0))
     assert torch.equal(whole.order, chunked.order) and torch.equal(whole.starts, chunked.starts)
 

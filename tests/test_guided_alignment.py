@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 
 from tfm_cli.checkpoint import load_model, read_checkpoint
 from tfm_cli.config import AlignmentConfig
-from tfm_cli.corpus_cache import prepare_corpus
-from tfm_cli.corpus_filters import FilterSettings
-from tfm_cli.data import FilterStats, SpecialIds, TokenizedCorpus, collate, flatten
+from tfm_cli.corpus.cache import prepare_corpus
+from tfm_cli.corpus.filters import FilterSettings
+from tfm_cli.corpus.batching import SpecialIds, collate
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import word_spans
 from tfm_cli.model import Transformer, attention

@@ -58,15 +58,17 @@ def imported_packages(path: Path) -> set[str]:
 
 # What each package may not import. model/ is the bottom layer; inference/ (searches, translation,
 # alignments) and interop/ (other engines' formats) sit beside each other over it and the checkpoint;
-# training/ may use inference/ (validation translates); only commands/ and cli.py see everything.
+# corpus/ (prepared training text) knows no model; training/ may use inference/ (validation translates)
+# and corpus/; only commands/ and cli.py see everything.
 FORBIDDEN = {
-    "model": {"inference", "interop", "training", "commands", "checkpoint", "corpus_cache", "data", "tokenizer"},
-    "inference": {"interop", "training", "commands", "cli", "console"},
-    "interop": {"inference", "training", "commands", "cli", "console"},
+    "model": {"inference", "interop", "training", "commands", "checkpoint", "corpus", "tokenizer"},
+    "corpus": {"model", "inference", "interop", "training", "commands", "cli", "console", "checkpoint"},
+    "inference": {"interop", "training", "commands", "cli", "console", "corpus"},
+    "interop": {"inference", "training", "commands", "cli", "console", "corpus"},
     "training": {"interop", "commands", "cli", "console"},
 }
-# The top-level library modules (config, checkpoint, data, corpus_cache, ...) import no package above them.
-TOP_LEVEL_FORBIDDEN = {"inference", "interop", "training", "commands", "cli", "console"}
+# The top-level library modules (config, checkpoint, tokenizer, ...) import no package above them.
+TOP_LEVEL_FORBIDDEN = {"inference", "interop", "training", "commands", "cli", "console", "corpus"}
 TOP_LEVEL_EXCEPTIONS = {
     "averaging.py": {"training"},  # `average --run` reads a run folder, whose layout training/run_dir.py owns
 }

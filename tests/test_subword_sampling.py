@@ -13,10 +13,10 @@ from conftest import (
     trained_tiny,
 )
 from tfm_cli.config import TokenizerTrainConfig
-from tfm_cli.data import flatten
+from tfm_cli.corpus.tokenized import flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.subword_sampling import SamplingSettings, check_unigram, sample_segmentations
+from tfm_cli.corpus.subword_sampling import SamplingSettings, check_unigram, sample_segmentations
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
@@ -78,7 +78,7 @@ def test_the_same_seed_draws_the_same_and_another_seed_other_segmentations(word_
 
 
 def test_chunks_of_sentences_draw_what_the_whole_corpus_draws(word_tokenizer, monkeypatch):
-    from tfm_cli import subword_sampling
+    from tfm_cli.corpus import subword_sampling
 
     lines = word_text(50, seed=6)
     settings = SamplingSettings(nbest=8, alpha=0.1, max_length=64)

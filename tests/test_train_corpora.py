@@ -167,7 +167,7 @@ def test_text_changed_behind_its_fingerprint_stops_training_before_any_validatio
     os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     train_entries = [path for path in cache.iterdir() if path.is_dir() and path.name.startswith("train-")]
     ref = forge_ref_for_current_files(cache, [(src, letters["train_tgt"])], train_entries[0])
-    monkeypatch.setattr("tfm_cli.corpus_cache.SYNC_CHECK_BYTES", 0)  # as for a corpus of many gigabytes
+    monkeypatch.setattr("tfm_cli.corpus.cache.SYNC_CHECK_BYTES", 0)  # as for a corpus of many gigabytes
     stopped = run_cli(["train", TINY, "--run", tmp_path / "second", *settings])
     assert stopped.exit_code == 1
     assert f"training stopped: {src}: its content changed since its prepared data was made" in stopped.stderr

@@ -65,7 +65,7 @@ class DataConfig:
     # before it train on the best segmentation (sampling slows the first epochs' progress; what a
     # later start gave on Multi30k: recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
     subword_sampling_from_epoch: int = 1
-    # Sentence concatenation (sentence_concatenation.py): every epoch this share of the training pairs is
+    # Sentence concatenation (corpus/sentence_concatenation.py): every epoch this share of the training pairs is
     # trained joined to another random pair (source after source, target after target), so that the
     # model translates a line holding several sentences whole. 0 is off.
     concatenation_share: float = 0.0

@@ -52,7 +52,7 @@ def list_command(cache_dir: Path = typer.Argument(..., help=CACHE_HELP, show_def
 
     On a terminal a table; piped, tab-separated lines.
     """
-    from tfm_cli.cache_cleaning import foreign_items, list_entries
+    from tfm_cli.corpus.cache_cleaning import foreign_items, list_entries
 
     entries = list_entries(cache_dir)
     rows = [[entry.path.name, entry.state, "yes" if entry.in_use else "no", mebibytes(entry.size_bytes),
@@ -83,7 +83,7 @@ def clean_command(
     Only what tfm can prove it made is removed: files and folders that merely look like its own (a
     `.ref` file, a `.tmp-` folder, another tool's manifest.json) are named on stderr and left alone.
     """
-    from tfm_cli.cache_cleaning import clean_cache
+    from tfm_cli.corpus.cache_cleaning import clean_cache
 
     report = clean_cache(cache_dir, everything, dry_run)
     for path in [entry.path for entry in report.entries] + report.temp_folders + report.refs:

@@ -18,7 +18,7 @@ from itertools import groupby
 import torch
 
 from tfm_cli.checkpoint import LoadedModel
-from tfm_cli.data import SpecialIds
+from tfm_cli.corpus.batching import SpecialIds
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import AlignmentPair
 from tfm_cli.inference.decoding import source_batch

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfm_cli.config import ModelConfig
-from tfm_cli.corpus_cache import PrepareProgress
-from tfm_cli.corpus_filters import CorpusFilter
-from tfm_cli.data import FilterStats
+from tfm_cli.corpus.cache import PrepareProgress
+from tfm_cli.corpus.filters import CorpusFilter
+from tfm_cli.corpus.tokenized import FilterStats
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from tfm_cli.data import Batch, SpecialIds, TokenizedCorpus, pad_rows
+from tfm_cli.corpus.batching import Batch, SpecialIds, pad_rows
+from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.errors import TfmError
 
 WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'

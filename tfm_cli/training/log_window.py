@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.data import Batch
+from tfm_cli.corpus.batching import Batch
 from tfm_cli.distributed import World
 from tfm_cli.training.step import StepStats
 

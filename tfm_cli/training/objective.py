@@ -8,7 +8,7 @@ import math
 import torch
 
 from tfm_cli.config import AlignmentConfig
-from tfm_cli.data import Batch
+from tfm_cli.corpus.batching import Batch
 from tfm_cli.model import Transformer
 from tfm_cli.training.guided_alignment import alignment_loss
 

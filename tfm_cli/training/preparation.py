@@ -1,5 +1,5 @@
 """Before the first update: check the run folder, train or load the tokenizers, prepare the corpora
-(corpus_cache: tokenized once, memory-mapped after); rank 0 first, then the other ranks map its files."""
+(corpus/cache.py: tokenized once, memory-mapped after); rank 0 first, then the other ranks map its files."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from pathlib import Path
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.cache_folder import remove_dead_temp_folders
+from tfm_cli.corpus.cache_folder import remove_dead_temp_folders
 from tfm_cli.config import ModelConfig
-from tfm_cli.corpus_cache import ContentCheck, prepare_corpus
-from tfm_cli.corpus_filters import FilterSettings
-from tfm_cli.data import SpecialIds, TokenizedCorpus, count_tokens
+from tfm_cli.corpus.cache import ContentCheck, prepare_corpus
+from tfm_cli.corpus.filters import FilterSettings
+from tfm_cli.corpus.batching import SpecialIds
+from tfm_cli.corpus.tokenized import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.file_locks import exclusive_lock
-from tfm_cli.parallel_text import fingerprint
+from tfm_cli.corpus.file_locks import exclusive_lock
+from tfm_cli.corpus.parallel_text import fingerprint
 from tfm_cli.recipe import DataConfig, Recipe, TrainCorpus
 from tfm_cli.textio import (
     atomic_write_pair,

@@ -12,7 +12,7 @@ import torch
 
 from tfm_cli import distributed
 from tfm_cli.config import AlignmentConfig
-from tfm_cli.data import Batch
+from tfm_cli.corpus.batching import Batch
 from tfm_cli.distributed import World
 from tfm_cli.model import Transformer
 from tfm_cli.model.precision import cpu_support

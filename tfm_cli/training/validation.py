@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tfm_cli.config import DecodeConfig, TrainConfig
-from tfm_cli.data import SpecialIds, TokenizedCorpus, batch_indices, collate
+from tfm_cli.corpus.batching import SpecialIds, batch_indices, collate
+from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import packed_weights
 from tfm_cli.tokenizer import Tokenizer

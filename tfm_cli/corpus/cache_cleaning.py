@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.cache_folder import (
+from tfm_cli.corpus.cache_folder import (
     CACHE_VERSION,
     MANIFEST,
     READERS_LOCK,
@@ -27,7 +27,7 @@ from tfm_cli.cache_folder import (
     tfm_ref_target,
 )
 from tfm_cli.errors import TfmError
-from tfm_cli.file_locks import try_lock
+from tfm_cli.corpus.file_locks import try_lock
 
 CURRENT, SUPERSEDED, OTHER_VERSION = "current", "superseded", "other version"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from tfm_cli.config import derive_seed
-from tfm_cli.data import TokenizedCorpus, flatten
+from tfm_cli.corpus.tokenized import TokenizedCorpus, flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import UNK_ID
 from tfm_cli.tokenizer import Tokenizer

@@ -4,8 +4,8 @@ copy in the page cache however many ranks read it), and found again by cheap fil
 
 This module is the pipeline: finding an entry, waiting for another preparer, reading, tokenizing and
 filtering the text into a new entry, and checking the text's full hash. The layout of the cache folder
-and who may remove what in it: cache_folder.py; one entry's files: corpus_entry.py; the filters:
-corpus_filters.py.
+and who may remove what in it: cache_folder.py; one entry's files: entry.py; the filters:
+filters.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tfm_cli.cache_folder import (
+from tfm_cli.corpus.cache_folder import (
     CACHE_VERSION,
     MANIFEST,
     READERS_LOCK,
@@ -33,12 +33,12 @@ from tfm_cli.cache_folder import (
     retire_folder,
     temp_folder,
 )
-from tfm_cli.corpus_entry import EntryWriter, open_entry, recorded_sha256s
-from tfm_cli.corpus_filters import FilterSettings, filter_ids, filter_text
-from tfm_cli.data import FilterStats, TokenizedCorpus
+from tfm_cli.corpus.entry import EntryWriter, open_entry, recorded_sha256s
+from tfm_cli.corpus.filters import FilterSettings, filter_ids, filter_text
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus
 from tfm_cli.errors import TfmError
-from tfm_cli.file_locks import exclusive_lock
-from tfm_cli.parallel_text import (
+from tfm_cli.corpus.file_locks import exclusive_lock
+from tfm_cli.corpus.parallel_text import (
     CHUNK_LINES,
     FileFingerprint,
     ReadReport,

@@ -1,24 +1,21 @@
-"""Tokenized parallel text for training: the corpus in memory, epochs of token-budget batches, padding.
+"""Batches for training: epochs of token-budget batches of a TokenizedCorpus, and padding.
 
-Sources are stored as `ids + [eos]`, targets as `ids + [eos]` (the decoder input is `[bos] + ids`).
-Reading and tokenizing the text is corpus_cache.py's job. Nothing here knows about models or
-optimizers; batches are plain padded tensors.
+Nothing here knows about models or optimizers; batches are plain padded tensors.
 """
 
 from __future__ import annotations
 
 import array
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from tfm_cli.allocator import return_freed_memory
 from tfm_cli.config import derive_seed
 from tfm_cli.distributed import World
+from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -38,75 +35,6 @@ class SpecialIds:
     def of(cls, config) -> SpecialIds:
         """The special ids of a model config (anything with pad_id, bos_id and eos_id attributes)."""
         return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id)
-
-
-@dataclass(frozen=True)
-class FilterStats:
-    """What filtering one corpus kept and skipped; each skipped pair is counted once, by the first filter
-    that skips it (the filters and their reasons: corpus_filters.py)."""
-
-    read: int
-    kept: int
-    skipped: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> pairs, one key per active filter
-    invalid_utf8: int = 0  # pairs with a side that is not UTF-8 (invalid_utf8 = "skip")
-    invalid_examples: tuple[str, ...] = ()  # "file:line" of the first few of those
-
-    def to_dict(self) -> dict[str, Any]:
-        """The counts as a JSON-ready dict."""
-        values = dataclasses.asdict(self)
-        values["invalid_examples"] = list(self.invalid_examples)
-        return values
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> FilterStats:
-        """The inverse of to_dict."""
-        return cls(**{**values, "invalid_examples": tuple(values.get("invalid_examples", ()))})
-
-
-@dataclass
-class TokenizedCorpus:
-    """Kept sentence pairs as flat token tensors with offsets (cheap to cache, slice and batch).
-
-    A corpus prepared from several files holds their pairs one corpus after another: part i is the
-    rows [sum(kept of parts before i), + stats[i].kept). The tensors may be memory-mapped files.
-    """
-
-    src_tokens: torch.Tensor  # (total source tokens,) int32, each sentence ending in EOS
-    src_offsets: torch.Tensor  # (N + 1,) int64: sentence i is src_tokens[off[i]:off[i+1]]
-    tgt_tokens: torch.Tensor  # (total target tokens,) int32, each sentence ending in EOS
-    tgt_offsets: torch.Tensor  # (N + 1,) int64
-    line_numbers: torch.Tensor  # (N,) int64, the 0-based input line of each kept pair (in its own file)
-    stats: tuple[FilterStats, ...]  # one per input corpus
-
-    def __len__(self) -> int:
-        return self.line_numbers.numel()
-
-    @property
-    def src_lengths(self) -> torch.Tensor:
-        """(N,) int64 source lengths, EOS included."""
-        return self.src_offsets[1:] - self.src_offsets[:-1]
-
-    @property
-    def tgt_lengths(self) -> torch.Tensor:
-        """(N,) int64 target lengths, EOS included (= decoder input length with BOS)."""
-        return self.tgt_offsets[1:] - self.tgt_offsets[:-1]
-
-    def part_rows(self) -> list[tuple[int, int]]:
-        """(first row, row count) of each input corpus's pairs."""
-        rows, start = [], 0
-        for stats in self.stats:
-            rows.append((start, stats.kept))
-            start += stats.kept
-        return rows
-
-
-def flatten(sequences: list[list[int]], eos_id: int = EOS_ID) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (flat (total,) int32 with `eos_id` after each, offsets (N + 1,) int64)."""
-    lengths = torch.tensor([len(s) + 1 for s in sequences], dtype=torch.int64)
-    offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    flat = [token for sequence in sequences for token in (*sequence, eos_id)]
-    return torch.tensor(flat, dtype=torch.int32), offsets
 
 
 @dataclass(frozen=True)
@@ -346,6 +274,3 @@ def collate(corpus: TokenizedCorpus, indices: torch.Tensor, ids: SpecialIds = Sp
     return Batch(src, tgt_in, tgt_out, target_index, flat[target_index], indices, n_src_tokens)
 
 
-def count_tokens(corpus: TokenizedCorpus) -> tuple[int, int]:
-    """(source tokens, target tokens) of the whole corpus, EOS included."""
-    return int(corpus.src_offsets[-1]), int(corpus.tgt_offsets[-1])

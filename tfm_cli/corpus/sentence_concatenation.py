@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tfm_cli.config import derive_seed
-from tfm_cli.data import TokenizedCorpus
+from tfm_cli.corpus.tokenized import TokenizedCorpus
 
 CHUNK_ROWS = 1 << 20  # rows joined at a time: bounds the index tensors of a large corpus
 EPOCHS_KEPT = 2  # joined corpora kept in memory (the batcher counts epoch 0's updates once, at any epoch)

@@ -1,4 +1,4 @@
-"""The layout of a folder of prepared corpora (corpus_cache), shared by runs that start together, by
+"""The layout of a folder of prepared corpora (cache.py), shared by runs that start together, by
 containers and by hosts (NFS), and who may remove what in it. No torch here: `tfm cache` starts fast.
 
 - entries, CACHE/NAME-FAMILY-CONTENT/: src.tokens and tgt.tokens (int32), src.offsets, tgt.offsets and
@@ -9,7 +9,7 @@ containers and by hosts (NFS), and who may remove what in it. No torch here: `tf
   readers.lock while they map the entry.
 - refs, CACHE/NAME-FAMILY.PRINT.ref: the name of the entry made from files whose fingerprints (size,
   modification and change times, inode, sampled blocks) digest to PRINT, so a run starts without
-  reading the text. The full SHA-256 is checked all the same (corpus_cache.ContentCheck), and a
+  reading the text. The full SHA-256 is checked all the same (cache.ContentCheck), and a
   mismatch removes the ref.
 - locks, CACHE/NAME-FAMILY.lock: held by the one process preparing an entry of that family; the others
   wait for it, then use its entry. Lock files stay: removing one under a waiting process would let two
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.file_locks import holder_record, try_lock
-from tfm_cli.parallel_text import FileFingerprint
+from tfm_cli.corpus.file_locks import holder_record, try_lock
+from tfm_cli.corpus.parallel_text import FileFingerprint
 
 CACHE_VERSION = 4
 MANIFEST = "manifest.json"
