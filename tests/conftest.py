@@ -307,6 +307,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_decode_settings": "integration",
     "test_decoder_state": "unit",
     "test_dependencies": "unit",
+    "test_docs": "unit",
     "test_disk_full": "system",
     "test_dropout": "unit",
     "test_moving_average": "integration",
