@@ -50,9 +50,9 @@ from torch import nn
 
 from tfm_cli.allocator import keep_all_freed_memory
 from tfm_cli.config import ModelConfig
+from tfm_cli.corpus.batching import Batch, batch_indices, collate, epoch_generator
 from tfm_cli.corpus.cache import prepare_corpus
 from tfm_cli.corpus.filters import FilterSettings
-from tfm_cli.corpus.batching import Batch, batch_indices, collate, epoch_generator
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.special_ids import EOS_ID, PAD_ID

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from tfm_cli.corpus.cache_folder import MANIFEST
 from tfm_cli.corpus.cache import prepare_corpus
+from tfm_cli.corpus.cache_folder import MANIFEST
 from tfm_cli.corpus.entry import ARRAYS
 from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.errors import TfmError

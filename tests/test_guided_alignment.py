@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from tfm_cli.checkpoint import load_model, read_checkpoint
 from tfm_cli.config import AlignmentConfig
+from tfm_cli.corpus.batching import SpecialIds, collate
 from tfm_cli.corpus.cache import prepare_corpus
 from tfm_cli.corpus.filters import FilterSettings
-from tfm_cli.corpus.batching import SpecialIds, collate
 from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import word_spans

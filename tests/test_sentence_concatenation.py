@@ -3,15 +3,14 @@ the length limit and is a function of (seed, epoch), and `tfm train` with it res
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from conftest import (
     REPO_ROOT, assert_one_line_error, assert_resume_is_exact_and_setting_used, run_cli, small_training_settings,
 )
 from tfm_cli.corpus import sentence_concatenation
-from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.corpus.sentence_concatenation import SentenceConcatenation, drawn_partners, joined_side
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.special_ids import EOS_ID
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"

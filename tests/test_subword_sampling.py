@@ -7,16 +7,15 @@ import math
 
 import pytest
 import torch
-
 from conftest import (
     REPO_ROOT, assert_one_line_error, assert_resume_is_exact_and_setting_used, run_cli, small_training_settings,
     trained_tiny,
 )
 from tfm_cli.config import TokenizerTrainConfig
+from tfm_cli.corpus.subword_sampling import SamplingSettings, check_unigram, sample_segmentations
 from tfm_cli.corpus.tokenized import flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.corpus.subword_sampling import SamplingSettings, check_unigram, sample_segmentations
 from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"

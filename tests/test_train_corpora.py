@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import REPO_ROOT, letter_settings, run_cli
+from safetensors.torch import load_file
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import tiny_config
+
 from tfm_cli.corpus.batching import collate
-from tfm_cli.corpus.tokenized import TokenizedCorpus, FilterStats, flatten
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.model import Transformer
 from tfm_cli.training.objective import label_smoothed_loss, learning_rate
 from tfm_cli.training.step import StepSettings, train_step

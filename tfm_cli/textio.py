@@ -19,7 +19,7 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
@@ -212,12 +212,20 @@ def read_chunks(items: Iterable[Item], size: int, pause_s: float = INPUT_PAUSE_S
         yield chunk
 
 
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
+HASH_BLOCK_BYTES = 8 << 20  # read size of file_sha256 (hashlib releases the GIL on large blocks)
+
+
+def file_sha256(path: str | Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    """The hex SHA-256 of the whole file `path`, read HASH_BLOCK_BYTES at a time; `on_bytes(n)` after each block.
+
+    Raises OSError if the file cannot be read.
+    """
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while block := f.read(HASH_BLOCK_BYTES):
             digest.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
     return digest.hexdigest()
 
 

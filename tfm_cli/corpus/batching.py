@@ -14,8 +14,8 @@ import torch
 
 from tfm_cli.allocator import return_freed_memory
 from tfm_cli.config import derive_seed
-from tfm_cli.distributed import World
 from tfm_cli.corpus.tokenized import TokenizedCorpus
+from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
 

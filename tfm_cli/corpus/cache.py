@@ -34,19 +34,12 @@ from tfm_cli.corpus.cache_folder import (
     temp_folder,
 )
 from tfm_cli.corpus.entry import EntryWriter, open_entry, recorded_sha256s
+from tfm_cli.corpus.file_locks import exclusive_lock
 from tfm_cli.corpus.filters import FilterSettings, filter_ids, filter_text
+from tfm_cli.corpus.parallel_text import CHUNK_LINES, FileFingerprint, ReadReport, fingerprint, read_pairs
 from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus
 from tfm_cli.errors import TfmError
-from tfm_cli.corpus.file_locks import exclusive_lock
-from tfm_cli.corpus.parallel_text import (
-    CHUNK_LINES,
-    FileFingerprint,
-    ReadReport,
-    file_sha256,
-    fingerprint,
-    read_pairs,
-)
-from tfm_cli.textio import atomic_write_bytes, make_folder
+from tfm_cli.textio import atomic_write_bytes, file_sha256, make_folder
 
 SYNC_CHECK_BYTES = 64 << 20  # text up to this size is hashed before its entry is used; larger, while training runs
 PROGRESS_SECONDS = 0.5

@@ -26,8 +26,8 @@ from tfm_cli.corpus.cache_folder import (
     tfm_entry_manifest,
     tfm_ref_target,
 )
-from tfm_cli.errors import TfmError
 from tfm_cli.corpus.file_locks import try_lock
+from tfm_cli.errors import TfmError
 
 CURRENT, SUPERSEDED, OTHER_VERSION = "current", "superseded", "other version"
 

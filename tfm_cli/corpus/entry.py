@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from tfm_cli.corpus.cache_folder import READERS_LOCK, read_manifest
-from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus
 from tfm_cli.corpus.file_locks import try_lock
+from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus
 
 # name -> (file, dtype) of an entry's arrays
 ARRAYS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +20,6 @@ from tfm_cli.textio import check_input_file, resolved
 CHUNK_LINES = 50_000  # pairs per chunk: a few MB of text, enough for sentencepiece's threads to share
 SAMPLE_BLOCKS = 64  # blocks hashed by a fingerprint, evenly spread from the first byte to the last
 SAMPLE_BLOCK_BYTES = 4096
-HASH_BLOCK_BYTES = 8 << 20  # read size of a full SHA-256 (hashlib releases the GIL on large blocks)
 INVALID_EXAMPLES = 5  # line numbers of skipped invalid UTF-8 kept for the report
 
 
@@ -65,20 +64,6 @@ def fingerprint(path: str | Path, what: str) -> FileFingerprint:
                 f.seek(last_start * block // (SAMPLE_BLOCKS - 1))
                 digest.update(f.read(SAMPLE_BLOCK_BYTES))
     return FileFingerprint(str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, digest.hexdigest())
-
-
-def file_sha256(path: str | Path, on_bytes: Callable[[int], None] | None = None) -> str:
-    """The hex SHA-256 of the whole file `path`, read HASH_BLOCK_BYTES at a time; `on_bytes(n)` after each block.
-
-    Raises OSError if the file cannot be read.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK_BYTES):
-            digest.update(block)
-            if on_bytes is not None:
-                on_bytes(len(block))
-    return digest.hexdigest()
 
 
 @dataclass

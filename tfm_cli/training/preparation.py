@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,16 +11,16 @@ from pathlib import Path
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.corpus.cache_folder import remove_dead_temp_folders
 from tfm_cli.config import ModelConfig
-from tfm_cli.corpus.cache import ContentCheck, prepare_corpus
-from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.corpus.batching import SpecialIds
+from tfm_cli.corpus.cache import ContentCheck, prepare_corpus
+from tfm_cli.corpus.cache_folder import digest_of, remove_dead_temp_folders
+from tfm_cli.corpus.file_locks import exclusive_lock
+from tfm_cli.corpus.filters import FilterSettings
+from tfm_cli.corpus.parallel_text import fingerprint
 from tfm_cli.corpus.tokenized import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.corpus.file_locks import exclusive_lock
-from tfm_cli.corpus.parallel_text import fingerprint
 from tfm_cli.recipe import DataConfig, Recipe, TrainCorpus
 from tfm_cli.textio import (
     atomic_write_pair,
@@ -78,8 +76,7 @@ def tokenizer_cache_path(inputs: list[Path], recipe: Recipe, side: str, cache_di
         "settings": asdict(recipe.tokenizer.train_settings()),
         "skip_invalid_utf8": recipe.data.invalid_utf8 == "skip",
     }
-    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-    return cache_dir / f"spm-{side}-{key[:20]}.model"
+    return cache_dir / f"spm-{side}-{digest_of(parts)[:20]}.model"
 
 
 def check_line_counts(corpora: tuple[TrainCorpus, ...], line_counts: dict[Path, int]) -> None:

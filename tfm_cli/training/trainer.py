@@ -16,13 +16,13 @@ from tfm_cli import __version__, distributed
 from tfm_cli.checkpoint import encode_checkpoint, make_checkpoint, model_weights
 from tfm_cli.config import AlignmentConfig, config_to_dict
 from tfm_cli.corpus.batching import Batch, EpochSampler, SpecialIds, collate
+from tfm_cli.corpus.sentence_concatenation import SentenceConcatenation
+from tfm_cli.corpus.subword_sampling import SamplingSettings, SegmentationSampler
 from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.recipe import Recipe
-from tfm_cli.corpus.sentence_concatenation import SentenceConcatenation
-from tfm_cli.corpus.subword_sampling import SamplingSettings, SegmentationSampler
 from tfm_cli.textio import atomic_write_bytes
 from tfm_cli.training.events import (
     Event,
