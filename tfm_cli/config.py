@@ -117,7 +117,8 @@ class ModelShape:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise TfmError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.activation not in ACTIVATIONS:
-            raise TfmError(f"model.activation must be 'relu', 'gelu' or 'swish', got {self.activation!r}")
+            names = f"{', '.join(map(repr, ACTIVATIONS[:-1]))} or {ACTIVATIONS[-1]!r}"
+            raise TfmError(f"model.activation must be {names}, got {self.activation!r}")
         if self.sinusoid_layout not in SINUSOID_LAYOUTS:
             raise TfmError(f"model.sinusoid_layout must be 'interleaved' or 'halves', got {self.sinusoid_layout!r}")
         if self.max_positions > MAX_POSITIONS:

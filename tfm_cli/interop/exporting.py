@@ -33,13 +33,12 @@ from tfm_cli.checkpoint import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.length_penalty import length_penalty_of
-from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
+from tfm_cli.interop.marian_names import MARIAN_ACTIVATION, TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.textio import check_output_folder, creation_mode
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # MarianMT's LayerNorm epsilon is fixed
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")
-MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish"}
 NEVER_LOGIT_BIAS = -1e4  # a logit bias no token comes back from; float16 holds it
 
 
@@ -134,7 +133,7 @@ def marian_config(config: ModelConfig) -> dict[str, Any]:
         "decoder_attention_heads": config.n_heads,
         "encoder_ffn_dim": config.d_ff,
         "decoder_ffn_dim": config.d_ff,
-        "activation_function": MARIAN_ACTIVATIONS[config.activation],
+        "activation_function": MARIAN_ACTIVATION[config.activation],
         "dropout": 0.0,
         "attention_dropout": 0.0,
         "activation_dropout": 0.0,

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.interop.marian_names import TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
+from tfm_cli.interop.marian_names import TFM_ACTIVATION, TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.length_penalty import KINDS
 from tfm_cli.model.layers import halves_sinusoidal_table
 from tfm_cli.textio import file_sha256
@@ -31,7 +31,6 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HOW_TO_DOWNLOAD = "download the whole folder with `hf download OWNER/NAME --local-dir DIR`"
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 # Fields of older (BART-derived) Marian configs that Hugging Face's MarianMT ignores: each must have
 # the value that describes what MarianMT computes, else the folder is not a model tfm (or MarianMT) runs.
 MARIAN_LAYOUT = {
@@ -196,9 +195,9 @@ def check_architecture(config: dict[str, Any]) -> None:
         if config_int(config, encoder) != config_int(config, decoder):
             raise TfmError(f"{CONFIG_FILE}: {encoder}={config[encoder]} differs from {decoder}={config[decoder]}; tfm needs them equal")
     activation = config.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
+    if activation not in TFM_ACTIVATION:
         raise TfmError(
-            f"{CONFIG_FILE}: activation_function {activation!r} is not supported (tfm has {', '.join(sorted(ACTIVATIONS))})"
+            f"{CONFIG_FILE}: activation_function {activation!r} is not supported (tfm has {', '.join(sorted(TFM_ACTIVATION))})"
         )
     if config_bool(config, "share_encoder_decoder_embeddings", True) and not config_bool(config, "tie_word_embeddings", True):
         raise TfmError(
@@ -324,7 +323,7 @@ def model_config(
             attention_dropout=config_rate(config, "attention_dropout"),
             activation_dropout=config_rate(config, "activation_dropout"),
             norm_first=False,
-            activation=ACTIVATIONS[config.get("activation_function", "gelu")],
+            activation=TFM_ACTIVATION[config.get("activation_function", "gelu")],
             share_embeddings=config_bool(config, "share_encoder_decoder_embeddings", True),
             tie_output=config_bool(config, "tie_word_embeddings", True),
             max_positions=config_int(config, "max_position_embeddings"),

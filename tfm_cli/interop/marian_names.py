@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tfm_cli.config import ModelConfig
+from tfm_cli.config import ACTIVATIONS, ModelConfig
 
 # The generation_config.json key naming a length penalty rule other than generate's (length_penalty.KINDS).
 TFM_LENGTH_PENALTY_KIND = "tfm_length_penalty_kind"
 # The generation_config.json key holding a length limit proportional to the source, {"a": float, "b": int}
 # (max_len_a * source tokens + max_len_b), which generate cannot state.
 TFM_MAX_LEN = "tfm_max_len"
+# MarianMT's activation_function for each of tfm's activations (model.activation), and back: the
+# importer also takes "silu", transformers' other name for swish.
+MARIAN_ACTIVATION = {name: name for name in ACTIVATIONS}
+TFM_ACTIVATION = {**{marian: tfm for tfm, marian in MARIAN_ACTIVATION.items()}, "silu": "swish"}
 BOTH = ("encoder", "decoder")
 # (stacks that have it, tfm module in a layer, MarianMT modules in a layer, shape of each MarianMT
 # module's weight in d (d_model) and ff (d_ff); a norm's is (d,), and every module has a bias of its rows)
