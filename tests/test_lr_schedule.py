@@ -11,26 +11,48 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, letter_settings, run_cli
-from tfm_cli.config import TrainConfig
+from tfm_cli.config import LR_SCHEDULES, TrainConfig
 from tfm_cli.distributed import FAIL_AT_ENV
 from tfm_cli.errors import TfmError
-from tfm_cli.training.objective import learning_rate, scheduled_learning_rate
+from tfm_cli.training.lr_schedules import SCHEDULES, OneCycle, ScheduleSettings, make_schedule, train_schedule
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 
 
+def scheduled(step, warmup_steps, peak_lr, kind, budget_used, d_model=512):
+    return make_schedule(kind, ScheduleSettings(peak_lr, warmup_steps, d_model)).rate(step, budget_used)
+
+
 def test_linear_and_cosine_warm_up_then_reach_zero_at_the_end_of_the_budget():
     # Warmup: 100 steps to the peak 1e-3, times the decay of the budget used so far.
-    assert scheduled_learning_rate(50, 512, 100, 1e-3, "linear", 0.05) == pytest.approx(0.5e-3 * 0.95)
-    assert scheduled_learning_rate(400, 512, 100, 1e-3, "linear", 0.4) == pytest.approx(0.6e-3)
-    assert scheduled_learning_rate(1000, 512, 100, 1e-3, "linear", 1.0) == 0.0
-    assert scheduled_learning_rate(500, 512, 100, 1e-3, "cosine", 0.5) == pytest.approx(0.5e-3)
-    assert scheduled_learning_rate(250, 512, 100, 1e-3, "cosine", 0.25) == pytest.approx(1e-3 * (1 + math.sqrt(0.5)) / 2)
-    assert scheduled_learning_rate(1000, 512, 100, 1e-3, "cosine", 1.0) == pytest.approx(0.0, abs=1e-18)
+    assert scheduled(50, 100, 1e-3, "linear", 0.05) == pytest.approx(0.5e-3 * 0.95)
+    assert scheduled(400, 100, 1e-3, "linear", 0.4) == pytest.approx(0.6e-3)
+    assert scheduled(1000, 100, 1e-3, "linear", 1.0) == 0.0
+    assert scheduled(500, 100, 1e-3, "cosine", 0.5) == pytest.approx(0.5e-3)
+    assert scheduled(250, 100, 1e-3, "cosine", 0.25) == pytest.approx(1e-3 * (1 + math.sqrt(0.5)) / 2)
+    assert scheduled(1000, 100, 1e-3, "cosine", 1.0) == pytest.approx(0.0, abs=1e-18)
     # Past the budget (a resume with a shorter limit) the rate stays at zero, never negative.
-    assert scheduled_learning_rate(2000, 512, 100, 1e-3, "linear", 1.7) == 0.0
-    # The paper's schedule is unchanged.
-    assert scheduled_learning_rate(300, 512, 100, 1e-3, "inverse_sqrt", 0.9) == learning_rate(300, 512, 100, 1e-3)
+    assert scheduled(2000, 100, 1e-3, "linear", 1.7) == 0.0
+    # The paper's schedule does not use the budget.
+    assert scheduled(300, 100, 1e-3, "inverse_sqrt", 0.9) == scheduled(300, 100, 1e-3, "inverse_sqrt", 0.0)
+    assert scheduled(400, 100, 1e-3, "inverse_sqrt", 0.9) == pytest.approx(0.5e-3)
+
+
+def test_one_cycle_warms_up_over_its_steps_then_falls_to_zero_at_the_last_update():
+    # train-aligner's schedule over 40 updates, 4 of warm-up: (k / 4) then a cosine over updates 5..40.
+    schedule = OneCycle(ScheduleSettings(2e-3, warmup_steps=4, total_steps=40))
+    assert [schedule.rate(k) for k in (1, 2, 4)] == pytest.approx([0.5e-3, 1e-3, 2e-3])
+    assert schedule.rate(5) == pytest.approx(2e-3)  # the cosine starts at its top
+    assert schedule.rate(23) == pytest.approx(1e-3)  # half way through the 36 updates after warm-up
+    assert schedule.rate(41) == pytest.approx(0.0, abs=1e-18)
+    assert schedule.rate(10, budget_used=0.9) == schedule.rate(10)
+
+
+def test_every_schedule_a_recipe_may_name_has_its_class():
+    assert set(LR_SCHEDULES) <= set(SCHEDULES)
+    for name in LR_SCHEDULES:
+        config = TrainConfig(lr_schedule=name, lr=1e-3, max_steps=10)
+        assert train_schedule(config, 512).name == name
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, letter_settings, run_cli
 from tfm_cli.checkpoint import read_checkpoint
-from tfm_cli.training.objective import learning_rate
+from tfm_cli.training.lr_schedules import InverseSqrt, ScheduleSettings
 from tfm_cli.textio import temp_file_beside
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
@@ -328,7 +328,7 @@ def test_inf_nan_updates_are_skipped_counted_and_stop_the_run(tmp_path, letters)
     # Skipped updates move neither the step counter nor the learning-rate schedule (fairseq's rule):
     # one update was applied, and the three skipped ones all ran at step 2's learning rate.
     assert train_records[-1]["step"] == 1
-    assert train_records[-1]["lr"] == learning_rate(2, d_model=32, warmup_steps=1, peak_lr=1e30)
+    assert train_records[-1]["lr"] == InverseSqrt(ScheduleSettings(1e30, warmup_steps=1, d_model=32)).rate(2)
     assert train_records[-1]["loss"] is None and train_records[-1]["ppl"] is None
     assert train_records[0]["loss"] is not None
     # The last weights (those of the last good update) were saved before stopping, at the stop's step.

@@ -12,8 +12,13 @@ from conftest import tiny_config
 from tfm_cli.corpus.batching import collate
 from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.model import Transformer
-from tfm_cli.training.objective import label_smoothed_loss, learning_rate
+from tfm_cli.training.lr_schedules import InverseSqrt, ScheduleSettings
+from tfm_cli.training.objective import label_smoothed_loss
 from tfm_cli.training.step import StepSettings, train_step
+
+
+def learning_rate(step: int, d_model: int, warmup_steps: int, peak_lr: float) -> float:
+    return InverseSqrt(ScheduleSettings(peak_lr, warmup_steps, d_model)).rate(step)
 
 
 def test_paper_schedule_by_hand():

@@ -1,6 +1,7 @@
 """Training, `tfm train`'s library: one module per idea, `trainer.py` being the loop itself.
 
-objective.py    the label-smoothed loss and the learning-rate schedule (sections 5.3, 5.4)
+objective.py    the label-smoothed loss (section 5.4), with guided alignment if asked
+lr_schedules.py the learning-rate schedules (section 5.3, budgeted), a class per kind
 step.py         one optimizer update: accumulation, clipping, inf/nan skipping, precision
 validation.py   validation loss and BLEU, decoded exactly as `tfm translate` decodes
 events.py       what the loop reports to its caller (the CLI renders them)

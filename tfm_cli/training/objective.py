@@ -1,9 +1,7 @@
-"""The training objective: label-smoothed cross-entropy (section 5.4), plus guided alignment if asked, and the
-learning-rate schedules (5.3, budgeted)."""
+"""The training objective: label-smoothed cross-entropy (section 5.4), plus guided alignment if asked.
+The learning-rate schedules (5.3, budgeted) are lr_schedules.py's."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -11,37 +9,6 @@ from tfm_cli.config import AlignmentConfig
 from tfm_cli.corpus.batching import Batch
 from tfm_cli.model import Transformer
 from tfm_cli.training.guided_alignment import alignment_loss
-
-
-def learning_rate(step: int, d_model: int, warmup_steps: int, peak_lr: float) -> float:
-    """The learning rate of update `step` (1-based): linear warmup, then inverse square root decay.
-
-    Section 5.3: lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) when peak_lr = 0. With
-    peak_lr > 0, the same shape scaled to reach peak_lr at step = warmup (warmup 0: pure decay from step 1).
-    """
-    step = max(step, 1)
-    if peak_lr == 0:
-        return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
-    if warmup_steps == 0:
-        return peak_lr * step**-0.5
-    return peak_lr * min(step / warmup_steps, (warmup_steps / step) ** 0.5)
-
-
-def scheduled_learning_rate(
-    step: int, d_model: int, warmup_steps: int, peak_lr: float, schedule: str, budget_used: float
-) -> float:
-    """The learning rate of update `step` (1-based) under `schedule` (TrainConfig.lr_schedule).
-
-    "inverse_sqrt" is learning_rate. "linear" and "cosine" warm up linearly to peak_lr over
-    warmup_steps, times a decay from 1 to 0 over the budget: `budget_used` is the fraction of the
-    training budget (steps, epochs or time, whichever runs out first) spent before this update.
-    """
-    if schedule == "inverse_sqrt":
-        return learning_rate(step, d_model, warmup_steps, peak_lr)
-    warmup = min(max(step, 1) / warmup_steps, 1.0) if warmup_steps else 1.0
-    used = min(max(budget_used, 0.0), 1.0)
-    decay = 1.0 - used if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * used))
-    return peak_lr * warmup * decay
 
 
 def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,8 @@ from tfm_cli.training.guided_alignment import AlignmentGuide, PieceTable
 from tfm_cli.training.initialization import InitModel
 from tfm_cli.training.log_window import LogWindow
 from tfm_cli.training.moving_average import WeightMovingAverage
-from tfm_cli.training.objective import LossModule, scheduled_learning_rate
+from tfm_cli.training.lr_schedules import train_schedule
+from tfm_cli.training.objective import LossModule
 from tfm_cli.training.preparation import PreparedData, prepare_on_rank0_first
 from tfm_cli.training.run_dir import (
     BEST_CHECKPOINT,
@@ -410,7 +411,7 @@ class Trainer:
     def train(self, should_stop: Callable[[], bool]) -> TrainResult:
         """Train until a limit or `should_stop()`; validate, log and save on schedule and at the end."""
         config, counters = self.config, self.counters
-        d_model = self.model_config.d_model
+        schedule = train_schedule(config, self.model_config.d_model)
         reason = self.agreed_stop_reason(should_stop)
         updates = self.next_update()
         window = LogWindow()
@@ -418,9 +419,7 @@ class Trainer:
         while reason is None:
             distributed.check_fault_hook(self.world, counters.step + 1)
             batches = next(updates)
-            lr = scheduled_learning_rate(
-                counters.step + 1, d_model, config.warmup_steps, config.lr, config.lr_schedule, self.budget_used()
-            )
+            lr = schedule.rate(counters.step + 1, self.budget_used())
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             stats = train_step(self.loss_module, self.optimizer, self.scaler, batches, self.settings, self.world)
