@@ -508,3 +508,155 @@ class AlignmentConfig:
             raise TfmError(f"aligner sizes must be positive, got hidden {self.aligner_hidden} and dim {self.aligner_dim}")
         if self.aligner_context and self.aligner_dim % TARGET_CONTEXT_HEADS:
             raise TfmError(f"an aligner with a target context needs a dim divisible by {TARGET_CONTEXT_HEADS}, got {self.aligner_dim}")
+
+
+# The [data] and [tokenizer] sections of a training recipe (recipe.py reads the file).
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text is, which pairs training keeps, and where the prepared corpus is kept."""
+
+    train_src: str
+    train_tgt: str
+    valid_src: str = ""
+    valid_tgt: str = ""
+    # Pairs with more subword tokens than this on either side (EOS included) are skipped and counted.
+    max_length: int = 256
+    # Pairs whose longer side has more than this many times the tokens of the shorter are skipped
+    # (misaligned lines in crawled data); 0 keeps every ratio.
+    max_length_ratio: float = 0.0
+    # Skip pairs whose two sides are the same text (untranslated copies in crawled data).
+    skip_identical: bool = False
+    # A line that is not valid UTF-8: "fail" stops with its file and line; "skip" drops the pair and counts it.
+    invalid_utf8: str = "fail"
+    # How often an epoch takes each training pair of train_src/train_tgt: 2.0 twice, 0.5 a seeded half.
+    train_weight: float = 1.0
+    # More training corpora, each {src, tgt, weight}: e.g. a small in-domain corpus with weight 3.
+    more_train: tuple[TrainCorpus, ...] = ()
+    # Where prepared (tokenized) corpora and trained tokenizers are kept; empty: RUN/cache. A folder
+    # shared by several runs prepares each corpus once.
+    cache_dir: str = ""
+    # Guided alignment (Garg et al. 2019; Marian's --guided-alignment): word alignments of
+    # train_src/train_tgt in Pharaoh format, one line per pair ("0-0 1-2 ...", 0-based indices of the
+    # space-separated words, source first; "s?t" links count as links). Needs train.alignment_weight > 0.
+    train_alignment: str = ""
+    # Subword regularization (Kudo 2018): every epoch draws each training sentence's segmentation from
+    # the unigram model's subword_nbest best ones, with probability proportional to P ** subword_alpha
+    # (a function of seed, epoch and line, so resume is exact). 1 is off: always the best segmentation,
+    # which validation and inference use in any case. Needs a unigram sentencepiece model.
+    subword_nbest: int = 1
+    subword_alpha: float = 0.1
+    # The first epoch (counting from 1, as the log does) whose segmentations are drawn; the epochs
+    # before it train on the best segmentation (sampling slows the first epochs' progress; what a
+    # later start gave on Multi30k: recipes/multi30k/RESULTS.md). Used when subword_nbest > 1.
+    subword_sampling_from_epoch: int = 1
+    # Sentence concatenation (corpus/sentence_concatenation.py): every epoch this share of the training pairs is
+    # trained joined to another random pair (source after source, target after target), so that the
+    # model translates a line holding several sentences whole. 0 is off.
+    concatenation_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("train_src", "train_tgt"):
+            if not getattr(self, name):
+                raise TfmError(f"data.{name} is empty; give the training text file")
+        if bool(self.valid_src) != bool(self.valid_tgt):
+            raise TfmError("data.valid_src and data.valid_tgt must be given together")
+        if self.max_length < 2:
+            raise TfmError(f"data.max_length must be at least 2, got {self.max_length}")
+        if not (self.max_length_ratio == 0 or self.max_length_ratio >= 1):
+            raise TfmError(f"data.max_length_ratio must be 0 (off) or at least 1, got {self.max_length_ratio}")
+        if self.invalid_utf8 not in INVALID_UTF8_POLICIES:
+            raise TfmError(f"data.invalid_utf8 must be one of {', '.join(INVALID_UTF8_POLICIES)}, got {self.invalid_utf8!r}")
+        check_corpus_weight(self.train_weight, "data.train_weight")
+        if not 1 <= self.subword_nbest <= MAX_SUBWORD_NBEST:
+            raise TfmError(f"data.subword_nbest must be 1 (off) to {MAX_SUBWORD_NBEST}, got {self.subword_nbest}")
+        if not 0 <= self.subword_alpha <= MAX_SUBWORD_ALPHA:
+            raise TfmError(f"data.subword_alpha must be in [0, {MAX_SUBWORD_ALPHA:g}], got {self.subword_alpha}")
+        if self.subword_sampling_from_epoch < 1:
+            raise TfmError(
+                f"data.subword_sampling_from_epoch counts epochs from 1, got {self.subword_sampling_from_epoch}"
+            )
+        if not 0 <= self.concatenation_share <= 1:
+            raise TfmError(f"data.concatenation_share must be in [0, 1] (0 is off), got {self.concatenation_share}")
+        if self.train_alignment and self.concatenation_share > 0:
+            raise TfmError(
+                "data.train_alignment's word links belong to single pairs, but data.concatenation_share > 0 "
+                "joins pairs; use one of the two"
+            )
+        if self.train_alignment and self.subword_nbest > 1:
+            raise TfmError(
+                "data.train_alignment's word links are placed on the best segmentation of each pair, but "
+                "data.subword_nbest > 1 draws other segmentations; use one of the two"
+            )
+        if self.train_alignment and self.more_train:
+            raise TfmError(
+                "data.train_alignment aligns train_src/train_tgt only, but data.more_train adds corpora without "
+                "alignments; train with one corpus (merge them, with their alignment files, into one)"
+            )
+
+    @property
+    def train_corpora(self) -> tuple[TrainCorpus, ...]:
+        """Every training corpus, train_src/train_tgt first."""
+        return (TrainCorpus(self.train_src, self.train_tgt, self.train_weight), *self.more_train)
+
+
+INVALID_UTF8_POLICIES = ("fail", "skip")
+MAX_SUBWORD_NBEST = 1000  # sentencepiece's n-best search grows with it; Kudo (2018) used 64
+MAX_SUBWORD_ALPHA = 100.0
+MAX_CORPUS_WEIGHT = 1000.0
+
+
+def check_corpus_weight(weight: float, key: str) -> None:
+    """Raise TfmError unless 0 < weight <= MAX_CORPUS_WEIGHT."""
+    if not 0 < weight <= MAX_CORPUS_WEIGHT:
+        raise TfmError(f"{key} must be above 0 and at most {MAX_CORPUS_WEIGHT:.0f}, got {weight}")
+
+
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One training corpus: its source and target files, and how often an epoch takes each of its pairs."""
+
+    src: str
+    tgt: str
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_corpus_weight(self.weight, "weight")
+
+
+def train_corpora_from_list(values: Any, key: str) -> tuple[TrainCorpus, ...]:
+    """data.more_train as TrainCorpus entries: a list of {src, tgt, weight} tables; TfmError naming the entry."""
+    if not isinstance(values, (list, tuple)):
+        raise TfmError(f"{key} must be a list of {{src, tgt, weight}} tables, got {values!r}")
+    corpora = []
+    for index, table in enumerate(values):
+        where = f"{key}[{index}]"
+        if not isinstance(table, dict):
+            raise TfmError(f"{where} must be a table {{src, tgt, weight}}, got {table!r}")
+        try:
+            corpus = config_from_dict(TrainCorpus, table, where)
+        except TfmError as error:
+            message = str(error)
+            raise TfmError(message if where in message else f"{where}.{message}") from None
+        if not corpus.src or not corpus.tgt:
+            raise TfmError(f"{where} needs both src and tgt files")
+        corpora.append(corpus)
+    return tuple(corpora)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Existing sentencepiece models (src_model, optional tgt_model), or settings to train them first."""
+
+    # An existing model from `tfm tokenize train`; when given, the training settings below are unused.
+    src_model: str = ""
+    # Empty: the source model serves both sides (a joint vocabulary).
+    tgt_model: str = ""
+    # When training: one model on source + target text (True) or one per side (False).
+    joint: bool = True
+    train: TokenizerTrainConfig | None = None
+
+    def train_settings(self) -> TokenizerTrainConfig:
+        """The sentencepiece training settings (defaults where the recipe gives none)."""
+        return self.train if self.train is not None else TokenizerTrainConfig()

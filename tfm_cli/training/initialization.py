@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from tfm_cli.checkpoint import checkpoint_tokenizers, model_with_weights, read_checkpoint
-from tfm_cli.config import ModelConfig, ModelShape, check_type, config_from_dict
+from tfm_cli.config import ModelConfig, ModelShape, TokenizerConfig, check_type, config_from_dict
 from tfm_cli.errors import TfmError
-from tfm_cli.recipe import Recipe, TokenizerConfig, recipe_from_dict, recipe_values
+from tfm_cli.recipe import Recipe, recipe_from_dict, recipe_values
 from tfm_cli.textio import as_regular_file, check_input_file, file_sha256
 from tfm_cli.tokenizer import Tokenizer
 from tfm_cli.training.run_dir import (

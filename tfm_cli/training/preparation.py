@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from tfm_cli import distributed
-from tfm_cli.config import ModelConfig
+from tfm_cli.config import DataConfig, ModelConfig, TrainCorpus
 from tfm_cli.corpus.batching import SpecialIds
 from tfm_cli.corpus.cache import ContentCheck, prepare_corpus
 from tfm_cli.corpus.cache_folder import digest_of, remove_dead_temp_folders
@@ -21,7 +21,7 @@ from tfm_cli.corpus.parallel_text import fingerprint
 from tfm_cli.corpus.tokenized import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
-from tfm_cli.recipe import DataConfig, Recipe, TrainCorpus
+from tfm_cli.recipe import Recipe
 from tfm_cli.textio import (
     atomic_write_pair,
     make_folder,

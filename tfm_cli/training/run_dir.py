@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.config import ModelShape, config_from_dict, config_to_dict
+from tfm_cli.config import DataConfig, ModelShape, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
-from tfm_cli.recipe import DataConfig, Recipe
+from tfm_cli.recipe import Recipe
 from tfm_cli.textio import atomic_write_bytes, file_in_the_way
 
 STATE_FILE = "train_state.safetensors"
