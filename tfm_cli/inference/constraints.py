@@ -84,8 +84,10 @@ class ConstraintTracker:
     """Constraint progress of every hypothesis row of a beam search (rows sentence-major, as the decoder's).
 
     State per row: the last L output tokens (`window`), per phrase the completed occurrences
-    (`count`, capped at `needed`) and `progress`, the longest prefix of the phrase that ends the
-    output (so a phrase broken off half-way and restarted is matched, and so is an overlap).
+    (`count`, capped at `needed`), `progress`, the longest prefix of the phrase that ends the
+    output (so a phrase broken off half-way and restarted is matched, and so is an overlap), and
+    `counted`, whether the last token completed an occurrence that `count` took in (a word
+    continuation next takes it back, as phrases_met does not count it).
     """
 
     def __init__(
@@ -111,11 +113,12 @@ class ConstraintTracker:
         self.window = torch.full((rows, max_length), NO_TOKEN, dtype=torch.long)
         self.count = torch.zeros((rows, n_phrases), dtype=torch.long)
         self.progress = torch.zeros((rows, n_phrases), dtype=torch.long)
+        self.counted = torch.zeros((rows, n_phrases), dtype=torch.bool)
 
-    def advanced(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def advanced(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What each row's state would become after each of its candidate tokens, tokens: (R, M) int64.
 
-        Returns window (R, M, L), count (R, M, C) and progress (R, M, C).
+        Returns window (R, M, L), count (R, M, C), progress (R, M, C) and counted (R, M, C) bool.
         """
         rows, candidates = tokens.shape
         max_length = self.window.size(1)
@@ -128,18 +131,26 @@ class ConstraintTracker:
             matched = (ends == starts).all(-1) & (lengths >= prefix)  # (R, M, C)
             progress = torch.where(matched, prefix, progress)
         completed = (progress == lengths) & (lengths > 0)
-        count = torch.minimum(self.count[:, None, :] + completed.long(), self.needed[:, None, :])
-        return window, count, progress
+        # A word continuation after a just completed phrase ("birdo" + "j", allowed where it advances
+        # the unmet "birdoj") makes that occurrence part of a longer word: it no longer counts.
+        continues = torch.isin(tokens, self.continuation_ids)[..., None]  # (R, M, 1)
+        before = self.count[:, None, :] - (self.counted[:, None, :] & continues).long()  # (R, M, C)
+        needed = self.needed[:, None, :]
+        count = torch.minimum(before + completed.long(), needed)
+        return window, count, progress, completed & (before < needed)
 
     def met_tokens(self, count: torch.Tensor, progress: torch.Tensor) -> torch.Tensor:
         """Constraint tokens produced (the bank): whole occurrences plus the partial one in progress.
 
+        The output's last tokens may begin several phrases at once ("▁se" of "ses" and "sep"), but
+        they go on with one of them: the longest partial match counts, once. (Summing them made a
+        shared first piece worth more than finishing a phrase, and the search repeated it.)
         count, progress: (R, ..., C) -> (R, ...) int64.
         """
         lengths = self.lengths.view(self.lengths.size(0), *[1] * (count.dim() - 2), -1)
         needed = self.needed.view_as(lengths)
         partial = torch.where((count < needed) & (progress < lengths), progress, 0)
-        return (count * lengths + partial).sum(-1)
+        return (count * lengths).sum(-1) + partial.max(-1).values
 
     def unmet_tokens(self) -> torch.Tensor:
         """(R,) int64: the constraint tokens each row has still to produce (0 = every phrase is in)."""
@@ -204,7 +215,7 @@ class ConstraintTracker:
         earlier = torch.ones(offered, offered, dtype=torch.bool).tril(-1)  # [i, j]: j comes before i
         repeated = ((tokens[:, :, None] == tokens[:, None, :]) & earlier).any(2)
         token_scores.masked_fill_(repeated | (tokens < 0), float("-inf"))
-        _, count, progress = self.advanced(tokens)
+        _, count, progress, _ = self.advanced(tokens)
         banks = self.met_tokens(count, progress).view(n_sentences, width * offered)
         candidate_scores = (scores.view(-1, 1) + token_scores).view(n_sentences, width * offered)
         by_score = candidate_scores.argsort(dim=1, descending=True, stable=True)
@@ -222,7 +233,7 @@ class ConstraintTracker:
 
     def select(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """Keep `rows` (R',) int64 of the state, in order, each extended by its token (R',) int64."""
-        for name in ("phrases", "lengths", "needed", "totals", "window", "count", "progress"):
+        for name in ("phrases", "lengths", "needed", "totals", "window", "count", "progress", "counted"):
             setattr(self, name, getattr(self, name).index_select(0, rows))
-        window, count, progress = self.advanced(tokens[:, None])
-        self.window, self.count, self.progress = window[:, 0], count[:, 0], progress[:, 0]
+        window, count, progress, counted = self.advanced(tokens[:, None])
+        self.window, self.count, self.progress, self.counted = window[:, 0], count[:, 0], progress[:, 0], counted[:, 0]

@@ -41,6 +41,8 @@ from tfm_cli.textio import INPUT_PAUSE_S, json_line, one_line, read_chunks
 
 # How a warning about a truncated line ends when the line was not split into sentences.
 LONG_LINE_HINT = " (--split-sentences translates a line sentence by sentence)"
+# A line's warning about constraints it cannot use names this many of them.
+MAX_PHRASES_NAMED = 5
 # Version of the `--json` line format; bump on any incompatible change (documented in README.md).
 JSON_SCHEMA = "tfm-translate/1"
 
@@ -202,6 +204,12 @@ class Translator:
                         "(its outputs are inf/nan; the checkpoint's weights may be damaged)"
                     )
                 results[i].outputs = [self.render(h, constraints.get(i)) for h in hyps]
+                if i in constraints:
+                    met = results[i].outputs[0].constraints_met
+                    missed = [phrase for phrase, ids, ok in zip(phrases[i], constraints[i], met) if ids and not ok]
+                    if missed:  # --json says so per phrase; plain output would not show it at all
+                        listed = ", ".join(repr(phrase) for phrase in missed[:MAX_PHRASES_NAMED])
+                        results[i].warnings.append(f"its translation lacks constraint(s) {listed}: the length limit came first")
                 stats.src_tokens += len(sources[i]) + 1
                 stats.output_tokens += len(hyps[0].tokens) + 1
             if self.alignment is not None:
@@ -216,23 +224,27 @@ class Translator:
         included) cannot all be: they are all dropped, and the line is translated without them.
         """
         tokenizer = self.loaded.tgt_tokenizer
-        encoded = []
+        encoded, unusable = [], []
         for phrase in phrases:
             ids = tokenizer.encode_ids(phrase)
             if not ids or self.loaded.config.unk_id in ids:
-                warnings.append(f"constraint {phrase!r} has characters the model's vocabulary lacks; it was not used")
+                unusable.append(phrase)
                 ids = []
             encoded.append(ids)
-        limit = int(max_output_lengths(
-            torch.tensor([src_length]), self.decode.max_len_a, self.decode.max_len_b,
-            self.model.config.max_positions - 2,
-        )[0])
+        if unusable:  # one warning for the line, however many fields it has
+            listed = ", ".join(repr(phrase) for phrase in unusable[:MAX_PHRASES_NAMED])
+            more = f" and {len(unusable) - MAX_PHRASES_NAMED} more" if len(unusable) > MAX_PHRASES_NAMED else ""
+            warnings.append(
+                f"constraint {listed} has characters the model's vocabulary lacks; it was not used" if len(unusable) == 1
+                else f"constraints {listed}{more} have characters the model's vocabulary lacks; they were not used"
+            )
+        most = self.model.config.max_positions - 2
+        limit = int(max_output_lengths(torch.tensor([src_length]), self.decode.max_len_a, self.decode.max_len_b, most)[0])
         needed = sum(len(ids) for ids in encoded)
         if needed > limit:
-            warnings.append(
-                f"its constraints need {needed} target tokens but the length limit allows {limit} "
-                "(--max-len-a/--max-len-b); translated without them"
-            )
+            # Past the model's positions no length flag helps.
+            cap = f"the model outputs at most {most}" if needed > most else f"the length limit allows {limit} (--max-len-a/--max-len-b)"
+            warnings.append(f"its constraints need {needed} target tokens but {cap}; translated without them")
             return [[] for _ in encoded]
         return encoded
 
