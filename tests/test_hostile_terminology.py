@@ -256,6 +256,11 @@ def test_split_sentences(case, tmp_path, random_checkpoint):
         assert len(text.split()) >= 10_000  # every sentence translated (at least one word each)
 
 
+def test_source_lang_without_split_sentences_is_named_as_ignored(tmp_path, random_checkpoint):
+    result, output = translate_case(tmp_path, random_checkpoint, ["The dog runs."], ["--source-lang", "de"])
+    check(result, output, ok(1, "ignored without --split-sentences: --source-lang"))
+
+
 # Lines that take sentence splitting apart in every way; line separators other than LF (U+2028,
 # VT, FF, NEL) are no line breaks for tfm, as for `wc -l`.
 COLUMN_LINES = [

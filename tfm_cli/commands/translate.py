@@ -71,7 +71,7 @@ def translate(
     glossary: Optional[str] = typer.Option(None, "--glossary", help="A TSV file of `source term<TAB>target term`: each source occurrence of a term requires its target term (whole words; lower-case terms match any case)."),
     markup: Optional[str] = typer.Option(None, "--markup", help="html or xml: take inline tags out, translate, and put them back around the aligned target words."),
     split_sentences: bool = typer.Option(False, "--split-sentences", help="Translate each line sentence by sentence (sentencex, the `sentences` extra) and rejoin them on one line."),
-    source_lang: str = typer.Option("en", "--source-lang", help="With --split-sentences: the source language code the sentence splitter uses."),
+    source_lang: str = typer.Option("en", "--source-lang", help="With --split-sentences: the source language code the sentence splitter uses (a code it does not know gets English rules)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
     buffer_size: int = typer.Option(2000, "--buffer-size", help="Lines read and translated at a time (an input pause also answers)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Source tokens per batch."),
@@ -124,6 +124,8 @@ def translate(
     ) if value != default]
     if sampling_only and not sample:
         print_warning(f"ignored without --sample: {', '.join(sampling_only)} (they shape sampling only)")
+    if source_lang != "en" and not split_sentences:
+        print_warning("ignored without --split-sentences: --source-lang (it chooses the sentence splitter's rules)")
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
     if markup is not None and markup not in MARKUP_MODES:
         raise TfmError(f"--markup must be one of {', '.join(MARKUP_MODES)}, got {markup!r}")
