@@ -79,7 +79,7 @@ def align(
     if symmetrize is not None and reverse_model is None:
         raise TfmError("--symmetrize combines two directions: give the target->source model with --reverse-model")
     if reverse_model is not None:
-        symmetrize = symmetrize or "grow-diag-final-and"
+        symmetrize = "grow-diag-final-and" if symmetrize is None else symmetrize  # `--symmetrize ''` is refused below
         if symmetrize not in SYMMETRIZE_CHOICES:
             raise TfmError(f"--symmetrize must be one of {', '.join(SYMMETRIZE_CHOICES)}, got {symmetrize!r}")
     if (src is None) != (tgt is None):
@@ -128,17 +128,19 @@ def align(
         aligners.append(WordAligner(loaded, settings, batching))
     aligner = PairAligner(aligners[0], aligners[1] if len(aligners) > 1 else None, symmetrize, keep_matrices=as_json)
 
-    decode_stats, stats = DecodeStats(), AlignStats()
+    # One DecodeStats per input, so a repaired line's warning names its file (--src and --tgt may both have one).
+    inputs = [(path, DecodeStats()) for path in ((src, tgt) if src is not None else (input,))]
+    names = ["<stdin>" if path == "-" else path for path, _ in inputs]
+    stats = AlignStats()
 
-    def lines(path: str):
+    def lines(path: str, decode_stats: DecodeStats):
         # Lines are read in a thread (textio.read_chunks), which must not touch sys.stdin.buffer.
         return iter_lines(path, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if path == "-" else None)
 
     if src is not None:
-        names = ["<stdin>" if path == "-" else path for path in (src, tgt)]
-        items = ((s.split(), t.split()) for s, t in zip_parallel(lines(src), lines(tgt), *names))
+        items = ((s.split(), t.split()) for s, t in zip_parallel(lines(*inputs[0]), lines(*inputs[1]), *names))
     else:
-        items = (split_pair(line) for line in lines(input))
+        items = (split_pair(line) for line in lines(*inputs[0]))
     if uses_stdin and sys.stdin.isatty():
         print_info("reading sentence pairs from stdin (Ctrl-D to end)", quiet=quiet)
     show_progress = not quiet and (progress or (not uses_stdin and sys.stderr.isatty()))
@@ -174,8 +176,9 @@ def align(
                 for chunk in chunks:
                     write(out, chunk)
                     bar.advance(task, len(chunk))
-    if decode_stats.invalid_utf8_lines:
-        print_warning(decode_stats.invalid_utf8_warning())
+    for name, (_, decode_stats) in zip(names, inputs):
+        if decode_stats.invalid_utf8_lines:
+            print_warning(f"{name}: {decode_stats.invalid_utf8_warning()}")
     if stats.malformed_lines:
         print_warning(
             f"{stats.malformed_lines} line(s) did not have exactly one ' ||| ' separator (the first: line "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import time
 from pathlib import Path
 
@@ -54,6 +56,13 @@ def read_training_pairs(src: str, tgt: str, links: str) -> tuple[list, list]:
                 )
         pairs.append((src_words, tgt_words))
         all_links.append(pair_links)
+    if not pairs:
+        raise TfmError(f"{src}, {tgt} and {links} have no lines; give the pairs to learn from and their links")
+    if not any(all_links):
+        raise TfmError(
+            f"{links}: none of its {len(pairs):,} lines has a link; give the statistical aligner's links of the "
+            "--src/--tgt pairs (a failed aligner run writes blank lines)"
+        )
     return pairs, all_links
 
 
@@ -87,17 +96,21 @@ def train_aligner(
     from tfm_cli.checkpoint import loaded_model, read_checkpoint, write_checkpoint
     from tfm_cli.devices import resolve_device
     from tfm_cli.model.aligner import ALIGNER_PREFIX
-    from tfm_cli.textio import check_input_file, check_output_path
+    from tfm_cli.textio import check_input_file, check_output_path, temp_file_beside
     from tfm_cli.training.aligner_training import AlignerTrainingConfig, prepare_batches
     from tfm_cli.training.aligner_training import train_aligner as train
 
     config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, context=context, lr=lr, seed=seed)
     config.check()
-    if not max_memory > 0:
+    if not (math.isfinite(max_memory) and max_memory > 0):
         raise TfmError(f"--max-memory must be positive (GiB), got {max_memory}")
     for path in (model, src, tgt, links):
         check_input_file(path)
     check_output_path(output)
+    if not output.exists() or output.is_file():  # written through a temp file beside it (textio.atomic_file)
+        fd, probe = temp_file_beside(output)  # so a folder it cannot write in is named now, not after the training
+        os.close(fd)
+        os.unlink(probe)
     if output.exists() and output.resolve() == Path(model).resolve():
         raise TfmError(f"{output}: the output is also the model; write the model with its aligner to another file")
     apply_threads(ctx, threads)

@@ -18,17 +18,18 @@ from itertools import groupby
 import torch
 
 from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.config import TARGET_CONTEXT_HEADS, AlignmentConfig, check_seed
 from tfm_cli.corpus.batching import SpecialIds
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import AlignmentPair
 from tfm_cli.inference.decoding import source_batch
-from tfm_cli.inference.word_alignment import WordAligner, WordPair
-from tfm_cli.config import TARGET_CONTEXT_HEADS, AlignmentConfig
 from tfm_cli.inference.translation import BatchingConfig
+from tfm_cli.inference.word_alignment import WordAligner, WordPair
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.training.guided_alignment import PieceTable, real_tokens, reference_attention, word_index
 
 STATE_DTYPE = torch.float16  # kept states: half the memory of float32, far inside its range
+MAX_WIDTH = 1 << 16  # --hidden and --dim: far above a useful aligner, below widths torch fails to allocate
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,12 @@ class AlignerTrainingConfig:
         for name in ("epochs", "batch_size", "hidden", "dim"):
             if getattr(self, name) < 1:
                 raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise TfmError(f"--lr must be positive, got {self.lr}")
+        for name in ("hidden", "dim"):
+            if getattr(self, name) > MAX_WIDTH:
+                raise TfmError(f"--{name} must be at most {MAX_WIDTH:,}, got {getattr(self, name):,}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise TfmError(f"--lr must be a positive number, got {self.lr}")
+        check_seed(self.seed, "--seed")
         if self.context and self.dim % TARGET_CONTEXT_HEADS:
             raise TfmError(f"--dim must be divisible by {TARGET_CONTEXT_HEADS} for the target context, got {self.dim} (or --no-context)")
 
@@ -197,7 +202,8 @@ def train_aligner(
     one pair given 40 times, divided by its own rows, would take 40 full steps an epoch on one sentence
     and throw the aligner off. Divided by the mean, a small batch moves it as little as its rows weigh.
     """
-    if not batches:
+    # A pair split into other words is kept in a batch with no reference rows: it teaches nothing.
+    if not any(supervised_rows(batch) for batch in batches):
         raise TfmError("no pair to train the aligner on: every pair was empty, too long, or split into other words")
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
@@ -224,4 +230,6 @@ def train_aligner(
             schedule.step()
             if on_step is not None:
                 on_step(epoch, float(loss.detach()) / max(rows, 1))
+    if not all(bool(param.isfinite().all()) for param in aligner.parameters()):  # no checkpoint could hold them
+        raise TfmError(f"the aligner's training diverged (its weights are not finite); lower --lr (it was {config.lr:g})")
     return aligner.eval()
