@@ -131,7 +131,7 @@ def test_beam_allocation_places_the_phrase_by_hand():
     # Step 1: "c" may end (.1 * .2 = .02) or go on with a (.08); "a" may not end (c unmet): "a c" .06.
     #   All in bank 1: "c a" .08, "a c" .06, "c EOS" .02: "c EOS" is third, not in the top 2.
     # Step 2: both live beams must end: "c a" .08 and "a c" .06 finish; two finished = beam: done.
-    best = search_beams(ScriptedDecoder([SCRIPT]), DecodeConfig(beam_size=2, nbest=2), [[[C]]])[0]
+    best = search_beams(ScriptedDecoder([SCRIPT]), DecodeConfig(beam_size=2, nbest=2), ConstraintTracker([[[C]]], EOS))[0]
     assert [h.tokens for h in best] == [[C, A], [A, C]]
     assert [h.score for h in best] == pytest.approx([raw(0.1, 0.8, 1.0), raw(0.6, 0.1, 1.0)])
     assert all(h.finished and h.unmet == 0 for h in best)
@@ -141,7 +141,7 @@ def test_greedy_takes_the_most_met_bank():
     # Beam 1, constraint "c d". Step 0: a .9 (bank 0), c .1 (bank 1): c. Step 1: "c a" .9 is bank 0
     # (the phrase broken), "c d" .1 bank 2: d. Step 2: EOS.
     script = {(): {A: 0.9, C: 0.1}, (C,): {A: 0.9, D: 0.1}, (C, D): {EOS: 1.0}}
-    [[best]] = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=1), [[[C, D]]])
+    [[best]] = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=1), ConstraintTracker([[[C, D]]], EOS))
     assert best.tokens == [C, D] and best.score == pytest.approx(raw(0.1, 0.1, 1.0))
 
 
@@ -149,7 +149,8 @@ def test_a_phrase_longer_than_the_limit_still_gives_an_output():
     # Limit 2 output tokens, phrase "c d c" (3). The rows are forced along the phrase ("c", "d"),
     # then the limit closes them with EOS: not finished, one constraint token short.
     script = {(): {A: 0.9, C: 0.1}, (C,): {A: 0.9, D: 0.1}, (C, D): {EOS: 0.5, C: 0.5}}
-    [[best]] = search_beams(ScriptedDecoder([script], max_length=2), DecodeConfig(beam_size=2), [[[C, D, C]]])
+    tracker = ConstraintTracker([[[C, D, C]]], EOS)
+    [[best]] = search_beams(ScriptedDecoder([script], max_length=2), DecodeConfig(beam_size=2), tracker)
     assert best.tokens == [C, D] and not best.finished and best.unmet == 1
 
 
@@ -158,7 +159,7 @@ def test_sentences_without_phrases_decode_as_without_constraints():
     other = {(): {EOS: 0.9, D: 0.1}}
     config = DecodeConfig(beam_size=2, nbest=2)
     alone = search_beams(ScriptedDecoder([other]), config)[0]
-    batched = search_beams(ScriptedDecoder([SCRIPT, other]), config, [[[C]], []])[1]
+    batched = search_beams(ScriptedDecoder([SCRIPT, other]), config, ConstraintTracker([[[C]], []], EOS))[1]
     assert [(h.tokens, h.score) for h in batched] == [(h.tokens, h.score) for h in alone]
 
 
@@ -166,7 +167,8 @@ def test_a_row_that_needs_every_step_left_takes_the_phrase():
     # Limit 2, phrase "c d" (2 tokens): from step 0 every step is needed, so only "c" then "d" may
     # follow although the model prefers "a" (.9) both times; the limit then closes it with EOS.
     script = {(): {A: 0.9, C: 0.1}, (C,): {A: 0.9, D: 0.1}, (C, D): {EOS: 1.0}}
-    best = search_beams(ScriptedDecoder([script], max_length=2), DecodeConfig(beam_size=2, nbest=2), [[[C, D]]])[0]
+    tracker = ConstraintTracker([[[C, D]]], EOS)
+    best = search_beams(ScriptedDecoder([script], max_length=2), DecodeConfig(beam_size=2, nbest=2), tracker)[0]
     assert [h.tokens for h in best] == [[C, D]] and best[0].unmet == 0
     assert best[0].score == pytest.approx(raw(0.1, 0.1, 1.0))
 
@@ -200,9 +202,10 @@ def test_a_search_does_not_extend_a_phrase_into_a_longer_word():
     # The model wants "c" then the continuation "d" ("Red Cross" + "e"), then EOS; with "d" banned
     # after the phrase it must end the word there.
     script = {(): {C: 1.0}, (C,): {D: 0.9, EOS: 0.1}, (C, D): {EOS: 1.0}}
-    glued = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), [[[C]]])[0]
+    glued = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), ConstraintTracker([[[C]]], EOS))[0]
     assert glued[0].tokens == [C, D]
-    whole = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), [[[C]]], continuation_ids=(D,))[0]
+    tracker = ConstraintTracker([[[C]]], EOS, continuation_ids=(D,))
+    whole = search_beams(ScriptedDecoder([script]), DecodeConfig(beam_size=2), tracker)[0]
     assert whole[0].tokens == [C] and whole[0].finished
 
 

@@ -71,6 +71,7 @@ def test_greedy_and_beam_search_on_cuda_match_the_cpu():
 
 
 def test_constrained_beam_search_on_cuda_meets_every_phrase_as_on_the_cpu():
+    from tfm_cli.inference.constraints import ConstraintTracker
     from tfm_cli.inference.decoding import TransformerDecoder
     from tfm_cli.inference.search import search_beams
 
@@ -81,8 +82,8 @@ def test_constrained_beam_search_on_cuda_meets_every_phrase_as_on_the_cpu():
     phrases = [[[5, 6]], [[7], [8]], [], [[9, 10, 11]], [[12]], [[12], [12]]]
     config = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=4)
     with torch.inference_mode():
-        on_cpu = search_beams(TransformerDecoder(cpu, src), config, phrases)
-        on_gpu = search_beams(TransformerDecoder(gpu, src.cuda()), config, phrases)
+        on_cpu = search_beams(TransformerDecoder(cpu, src), config, ConstraintTracker(phrases, cpu.config.eos_id))
+        on_gpu = search_beams(TransformerDecoder(gpu, src.cuda()), config, ConstraintTracker(phrases, gpu.config.eos_id))
     for cpu_best, gpu_best in zip(on_cpu, on_gpu):
         assert cpu_best[0].unmet == gpu_best[0].unmet == 0
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(on_cpu, on_gpu))

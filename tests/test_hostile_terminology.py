@@ -135,7 +135,7 @@ def test_a_phrase_and_a_longer_word_it_begins_both_appear(beam, random_checkpoin
 
 def test_a_phrase_the_search_misses_is_named_in_a_warning(random_checkpoint, monkeypatch):
     # Whatever the reason a translation lacks a phrase, plain output would not show it: a warning does.
-    monkeypatch.setattr("tfm_cli.inference.search.ConstraintTracker", lambda *args: None)  # a search that ignores them
+    monkeypatch.setattr("tfm_cli.inference.translation.ConstraintTracker", lambda *args: None)  # a search that ignores them
     result = run_cli(["translate", "-m", random_checkpoint, "--constraints", "-q", *DECODE_LIMITS],
                      input=f"{SOURCE}\tkonas\n")
     assert_tolerated(result, ok(1, "line 1: its translation lacks constraint(s) 'konas'"), result.stdout)

@@ -1,6 +1,6 @@
 """Lexical constraints: target phrases every output must contain (Post & Vilar 2018; Hu et al. 2019).
 
-`ConstraintTracker` is the decoding seam's stateful step mask for them. Per hypothesis row it tracks
+`ConstraintTracker` is their search state (search_state.SearchState): per hypothesis row it tracks
 how much of each phrase the output holds, bans EOS until every phrase is in, and near the length
 limit lets through only tokens that advance an unmet phrase. Its `candidates` is Hu et al.'s
 vectorized dynamic beam allocation: each row's best tokens plus the next token of each unmet
@@ -18,6 +18,8 @@ as "Red Crosse" (Sockeye and fairseq let a longer word that starts with the phra
 from __future__ import annotations
 
 import torch
+
+from tfm_cli.inference.search_state import SearchState
 
 NO_TOKEN = -1  # padding of the phrase table and of the output window: equal to no token id
 
@@ -80,7 +82,7 @@ def count_occurrences(tokens: list[int], phrase: list[int], continuations: froze
     return count
 
 
-class ConstraintTracker:
+class ConstraintTracker(SearchState):
     """Constraint progress of every hypothesis row of a beam search (rows sentence-major, as the decoder's).
 
     State per row: the last L output tokens (`window`), per phrase the completed occurrences

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from tfm_cli.config import DecodeConfig
-from tfm_cli.inference.constraints import ConstraintTracker
 from tfm_cli.inference.decoding import StepDecoder, TransformerDecoder
-from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
+from tfm_cli.inference.search_state import PlainBeams, SearchState
 from tfm_cli.inference.step_masks import mask_step, step_masks
+from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.model import Transformer
 
 
@@ -33,7 +33,7 @@ class Hypothesis:
     tokens: list[int]  # output ids, EOS excluded
     score: float  # raw score: sum of token log-probs, EOS included when the output ended with it
     finished: bool  # True if the model chose EOS; False if EOS was forced at the length limit
-    unmet: int = 0  # constraint tokens the output lacks (only an output closed at its length limit has any)
+    unmet: int = 0  # what the search state says it lacks (constraint tokens; only an output closed at its limit)
 
     def normalised_score(self, rule: LengthPenalty) -> float:
         """The raw score normalised by `rule` at len(tokens) + 1: EOS counts in the length."""
@@ -64,10 +64,7 @@ def greedy_search(
     return [nbest[0] for nbest in search_beams(TransformerDecoder(model, src), config)]
 
 
-def search_beams(
-    decoder: StepDecoder, config: DecodeConfig, constraints: list[list[list[int]]] | None = None,
-    continuation_ids: tuple[int, ...] = (),
-) -> list[list[Hypothesis]]:
+def search_beams(decoder: StepDecoder, config: DecodeConfig, state: SearchState | None = None) -> list[list[Hypothesis]]:
     """Beam search scored by `config`'s length penalty rule; finished sentences leave the batch.
 
     Returns per sentence its `config.nbest` best hypotheses, best first by normalised score (see
@@ -80,25 +77,21 @@ def search_beams(
     a * src_len + b every beam is closed with EOS (finished=False). The step masks
     (step_masks.mask_step) say what may follow. With beam 1 this is greedy search.
 
-    constraints: per sentence, target phrases (token ids) its outputs must contain. The candidates
-    then come from dynamic beam allocation (constraints.ConstraintTracker.candidates), EOS waits
-    until every phrase is in, and outputs that meet more constraint tokens rank first.
-    continuation_ids: the target vocabulary's word-continuation tokens (constraints.word_continuation_ids),
-    none of which may follow a completed phrase.
+    state: a policy with state per row (search_state.SearchState, e.g. constraints.ConstraintTracker
+    for target phrases every output must hold), called at the points its contract names: it masks
+    each step, picks the candidates, and says what a finished output lacks (those that lack more rank
+    after). None: plain beams.
     """
     eos = decoder.eos_id
     beam, rule = config.beam_size, decode_length_penalty(config)
-    tracker = None
-    if constraints is not None and any(constraints):
-        tracker = ConstraintTracker(constraints, eos, continuation_ids)
-    masks = step_masks(decoder, config, tracker)
+    state = state if state is not None else PlainBeams()
+    masks = step_masks(decoder, config, state)
     n_sentences = decoder.n_sentences
     # The first step needs one row per sentence (all beams would be equal), unless the vocabulary
     # is too small to offer 2 * beam candidates from one row.
     width = 1 if decoder.vocab_size >= 2 * beam else beam  # live rows per sentence; `beam` after step 1
     decoder.start(width, grouped=True)
-    if tracker is not None:
-        tracker.start(width)
+    state.start(width)
     max_lengths = decoder.max_lengths(config.max_len_a, config.max_len_b)
     alive = list(range(n_sentences))  # original sentence of each live sentence, in row order
     alive_limits = torch.tensor(max_lengths, dtype=torch.long)  # (n,) limit of each live sentence
@@ -116,27 +109,24 @@ def search_beams(
         log_probs = decoder.step(tokens)  # (R, V), a new tensor, masked in place
         closing = mask_step(log_probs, masks, step, alive_limits.repeat_interleave(width))  # (R,)
         at_limit = closing.view(n_alive, width)[:, 0].tolist()  # a sentence's rows share its limit
-        if tracker is None:
-            top_scores, top_beams, top_tokens = best_candidates(log_probs, scores, beam)  # (n, 2k) each
-        else:
-            top_scores, top_beams, top_tokens = tracker.candidates(log_probs, scores, beam)
+        top_scores, top_beams, top_tokens = state.candidates(log_probs, scores, beam)  # (n, 2k) each
         del log_probs  # the step's largest tensor (rows x vocabulary): freed before the next step makes another
         is_eos = top_tokens == eos
         closing_eos = is_eos[:, :beam] & top_scores[:, :beam].isfinite()  # (n, k)
         if bool(closing_eos.any()):
-            unmet = tracker.unmet_tokens().tolist() if tracker is not None else None
+            unmet = state.unmet_tokens().tolist()
             for index, rank in closing_eos.nonzero().tolist():
                 row = index * width + int(top_beams[index, rank])
                 hypothesis = Hypothesis(
                     tokens=history[row].tolist(), score=float(top_scores[index, rank]), finished=not at_limit[index],
-                    unmet=unmet[row] if unmet is not None else 0,
+                    unmet=unmet[row],
                 )
                 finished[alive[index]].append(hypothesis)
                 finished_scores[alive[index]].append(hypothesis.normalised_score(rule))
         # The best `beam` non-EOS candidates continue: a stable sort puts EOS ones last.
         order = is_eos.to(torch.int8).argsort(dim=1, stable=True)[:, :beam]  # (n, k)
         next_scores = top_scores.gather(1, order)
-        best_live = next_scores.max(dim=1).values.tolist()  # (with constraints not always the first)
+        best_live = next_scores.max(dim=1).values.tolist()  # (with a search state not always the first)
         # At the limit every beam has just been closed (beams stuck at -inf leave with nothing).
         done = [
             at_limit[index] or rule.sentence_is_done(
@@ -158,29 +148,11 @@ def search_beams(
             next_rows = next_rows.view(n_alive, beam).index_select(0, keep_index).view(-1)
             next_tokens = next_tokens.view(n_alive, beam).index_select(0, keep_index).view(-1)
         decoder.select(next_rows, beam)  # a sentence's beams stay together
-        if tracker is not None:
-            tracker.select(next_rows, next_tokens)
+        state.select(next_rows, next_tokens)
         history = torch.cat([history.index_select(0, next_rows), next_tokens[:, None]], dim=1)
         scores, tokens, width = next_scores, next_tokens, beam
         step += 1
     return [sorted(hyps, key=lambda h: (h.unmet, -h.normalised_score(rule)))[: config.nbest] for hyps in finished]
-
-
-def best_candidates(log_probs: torch.Tensor, scores: torch.Tensor, beam: int) -> tuple[torch.Tensor, ...]:
-    """The 2 * beam best continuations of each sentence, best first.
-
-    log_probs: (R, V) masked; scores: (n, width) raw scores of the rows (R = n * width). Returns
-    (scores, row within the sentence, tokens), each (n, 2 * beam) (fewer with a tiny vocabulary).
-    """
-    n_sentences, width = scores.shape
-    # The best 2k of a sentence's width * V candidates are among the best 2k of each of its rows,
-    # so each row is cut to its best 2k first and only those get the row's score added.
-    row_best, row_tokens = log_probs.topk(min(2 * beam, log_probs.size(1)), dim=1)  # (R, c) each
-    row_best, row_tokens = row_best.cpu(), row_tokens.cpu()
-    per_row = row_best.size(1)
-    candidates = (scores.view(-1, 1) + row_best).view(n_sentences, width * per_row)
-    top_scores, top_ids = candidates.topk(min(2 * beam, width * per_row), dim=1)  # (n, 2k), best first
-    return top_scores, top_ids // per_row, row_tokens.view(n_sentences, width * per_row).gather(1, top_ids)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

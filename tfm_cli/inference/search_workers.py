@@ -29,6 +29,7 @@ from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.decoding import TransformerDecoder, source_batch
 from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
+from tfm_cli.inference.search_state import SearchState
 from tfm_cli.model import Transformer
 
 # How often an idle worker checks that the process that forked it still exists.
@@ -39,14 +40,13 @@ STOP_WAIT_S = 5.0
 
 @dataclass(frozen=True)
 class SearchJob:
-    """One batch to search: source ids (EOS not included), and per source its sampling seed or its
-    required target phrases (token ids) when the search uses them, with the target vocabulary's
-    word-continuation tokens that may not follow a phrase (constraints.word_continuation_ids)."""
+    """One batch to search: source ids (EOS not included), and per source its sampling seed when the
+    search samples, or the state its beam search keeps (search_state.SearchState, e.g. the batch's
+    constraints), if any."""
 
     sources: list[list[int]]
     seeds: list[int] | None = None
-    phrases: list[list[list[int]]] | None = None
-    continuation_ids: tuple[int, ...] = ()
+    state: SearchState | None = None
 
 
 def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> list[list[Hypothesis]]:
@@ -56,7 +56,7 @@ def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> li
     with torch.inference_mode():
         if decode.sample:
             return search_samples(decoder, decode, job.seeds)
-        return search_beams(decoder, decode, job.phrases, job.continuation_ids)
+        return search_beams(decoder, decode, job.state)
 
 
 def worker_loop(

@@ -2,9 +2,10 @@
 
 A mask sets the log-probs of the tokens that may not follow to -inf, in place, with tensor ops only
 (no per-row Python). Bans apply before the optional renormalisation (log_softmax again, so the
-scores are over what may be generated); lexical constraints (constraints.ConstraintTracker) and the
-length limit after it (they only steer and close beams, and leave the scores the model's). Adding a
-token ban is one class here, listed in `step_masks`, plus its test.
+scores are over what may be generated); a beam search's state (search_state.SearchState, e.g. the
+lexical constraints' tracker) and the length limit after it (they only steer and close beams, and leave
+the scores the model's). Adding a token ban is one class here, listed in `step_masks`, plus its test; a
+policy that needs state per hypothesis is a SearchState instead.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.inference.constraints import ConstraintTracker
 from tfm_cli.inference.decoding import StepDecoder
+from tfm_cli.inference.search_state import SearchState
 
 
 class StepMask(ABC):
@@ -92,15 +93,15 @@ class StepMasks:
     bans: list[StepMask]
     renormalize: bool
     limit: LengthLimit
-    constraints: ConstraintTracker | None = None  # beam search with target phrases to include
+    state: SearchState | None = None  # a beam search's policy with state per row (search_state.py)
 
 
-def step_masks(decoder: StepDecoder, config: DecodeConfig, constraints: ConstraintTracker | None = None) -> StepMasks:
-    """The masks `config` asks for, plus `constraints` when a search has phrases to include."""
+def step_masks(decoder: StepDecoder, config: DecodeConfig, state: SearchState | None = None) -> StepMasks:
+    """The masks `config` asks for, plus a beam search's `state` (its mask comes after the stateless ones)."""
     bans: list[StepMask] = [BannedTokens(decoder, config.no_unk, config.banned_ids)]
     if config.min_len > 0:
         bans.append(MinLength(decoder.eos_id, config.min_len))
-    return StepMasks(bans, config.renormalize, LengthLimit(decoder.eos_id, config.forced_eos), constraints)
+    return StepMasks(bans, config.renormalize, LengthLimit(decoder.eos_id, config.forced_eos), state)
 
 
 def mask_step(log_probs: torch.Tensor, masks: StepMasks, step: int, row_limits: torch.Tensor) -> torch.Tensor:
@@ -114,8 +115,8 @@ def mask_step(log_probs: torch.Tensor, masks: StepMasks, step: int, row_limits: 
         mask.apply(log_probs, step, closing)
     if masks.renormalize:  # over what may follow; the length limit then only closes beams
         torch.log_softmax(log_probs, dim=-1, out=log_probs)
-    if masks.constraints is not None:
-        masks.constraints.apply(log_probs, step, row_limits, closing)
+    if masks.state is not None:
+        masks.state.apply(log_probs, step, row_limits, closing)
     if bool(closing.any()):
         masks.limit.apply(log_probs, closing)
     return closing

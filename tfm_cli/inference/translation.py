@@ -10,33 +10,34 @@ translation independent of the batch it lands in. Validation during training dec
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.config import AlignmentConfig, DecodeConfig
+from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import (
     aligning_attention,
-    piece_rows,
     hard_alignment,
     merge_to_words,
     null_weights,
     pharaoh,
+    piece_rows,
     transpose_pairs,
     word_char_offsets,
     word_spans,
 )
-from tfm_cli.checkpoint import LoadedModel
-from tfm_cli.inference.constraints import phrases_met, word_continuation_ids
-from tfm_cli.inference.outputs import Output, TranslatedLine
-from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
-from tfm_cli.config import AlignmentConfig, DecodeConfig
+from tfm_cli.inference.constraints import ConstraintTracker, phrases_met, word_continuation_ids
 from tfm_cli.inference.decoding import max_output_lengths, padded_length
-from tfm_cli.errors import TfmError
-from tfm_cli.model import Transformer
-from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
+from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.search import Hypothesis
+from tfm_cli.inference.search_state import SearchState
 from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_batch
+from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
+from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
+from tfm_cli.model import Transformer
 from tfm_cli.textio import INPUT_PAUSE_S, json_line, one_line, read_chunks
 
 # How a warning about a truncated line ends when the line was not split into sentences.
@@ -191,9 +192,8 @@ class Translator:
                 results[i].constraints = phrases[i]
                 constraints[i] = self.encode_phrases(phrases[i], len(sources[i]) + 1, results[i].warnings)
         searched = search_batches(
-            self.model, sources, self.decode, self.batching, constraints=constraints if self.constrained else None,
-            seeds={i: self.decode.seed + seed_indices[i] for i in sources}, workers=self.workers,
-            continuation_ids=self.continuation_ids,
+            self.model, sources, self.decode, self.batching, seeds={i: self.decode.seed + seed_indices[i] for i in sources},
+            workers=self.workers, search_state=self.constraint_tracker(constraints) if self.constrained else None,
         )
         for batch, hypotheses in searched:
             for i, hyps in zip(batch, hypotheses):
@@ -215,6 +215,20 @@ class Translator:
             if self.alignment is not None:
                 self.align(batch, sources, results)
         return results
+
+    def constraint_tracker(
+        self, constraints: dict[int, list[list[int]]]
+    ) -> Callable[[list[int]], ConstraintTracker | None]:
+        """Per batch (line indices), the tracker of its lines' phrases (token ids, keyed by line), or None
+        where none of its lines has one; a phrase ends a word (no continuation id may follow it)."""
+
+        def for_batch(batch: list[int]) -> ConstraintTracker | None:
+            phrases = [constraints.get(i, []) for i in batch]
+            if not any(phrases):
+                return None
+            return ConstraintTracker(phrases, self.model.config.eos_id, self.continuation_ids)
+
+        return for_batch
 
     def encode_phrases(self, phrases: list[str], src_length: int, warnings: list[str]) -> list[list[int]]:
         """The target token ids of each phrase ([] for one that cannot be met), noting why in `warnings`.
@@ -324,17 +338,16 @@ def search_batches(
     decode: DecodeConfig,
     batching: BatchingConfig,
     first_index: int = 0,
-    constraints: dict[int, list[list[int]]] | None = None,
     seeds: dict[int, int] | None = None,
     workers: SearchWorkers | None = None,
-    continuation_ids: tuple[int, ...] = (),
+    search_state: Callable[[list[int]], SearchState | None] | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
 
     Yields (line indices of a batch, n-best hypotheses per line), batch by batch in bucketed_batches'
     order. Sampling draws line i's samples from seeds[i], by default decode.seed + first_index + i, so
-    they depend on the line, not on its batch or chunk. constraints: per line, target phrases (token
-    ids) its outputs must hold, each ending a word: none of `continuation_ids` may follow one.
+    they depend on the line, not on its batch or chunk. search_state: per batch (its line indices), the
+    state its beam search keeps (search_state.SearchState, e.g. the constraints of those lines), or None.
     workers: search the batches in these processes instead of this one (the same hypotheses).
     """
     batches = list(bucketed_batches(sources, batching))
@@ -342,8 +355,7 @@ def search_batches(
         SearchJob(
             sources=[sources[i] for i in batch],
             seeds=[seeds[i] if seeds else decode.seed + first_index + i for i in batch] if decode.sample else None,
-            phrases=[constraints.get(i, []) for i in batch] if constraints and not decode.sample else None,
-            continuation_ids=continuation_ids if constraints and not decode.sample else (),
+            state=search_state(batch) if search_state is not None else None,
         )
         for batch in batches
     )
