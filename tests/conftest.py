@@ -315,6 +315,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_guided_alignment": "integration",
     "test_help": "integration",
     "test_hostile_align": "system",
+    "test_hostile_markup": "system",
     "test_hostile_terminology": "system",
     "test_import_marian": "system",
     "test_inspect_attention": "integration",

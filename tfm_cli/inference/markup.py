@@ -7,7 +7,10 @@ translates nor aligns. Words are ASCII-space separated, as in alignment.word_cha
 
 from __future__ import annotations
 
+import bisect
 import html
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
@@ -30,6 +33,11 @@ HTML_INLINE_ELEMENTS = frozenset(
 HTML_IN_WORD_VOID = frozenset({"wbr"})
 # HTMLParser stops a tag name at these characters (html.parser.tagfind_tolerant).
 TAG_NAME_END = "\t\n\r\f />\x00"
+# What may close a comment: "--" then ">" (Python 3.11's _markupbase), or "--!>" (newer releases).
+COMMENT_CLOSE = re.compile(r"--!?\s*>")
+# In xml mode these are ordinary elements, but in the vocabularies that have them (XHTML, SVG) they
+# hold code, as in html: their text is kept verbatim, untranslated.
+XML_CODE_ELEMENTS = ("script", "style")
 
 
 @dataclass
@@ -80,9 +88,12 @@ class _Tokenizer(HTMLParser):
         self.line = line
         self.mode = mode
         if mode == "xml":
-            self.CDATA_CONTENT_ELEMENTS = ()  # script/style are ordinary elements in XML
+            self.CDATA_CONTENT_ELEMENTS = ()  # XML parses script/style as ordinary elements (see XML_CODE_ELEMENTS)
         self.line_starts = [0] + [i + 1 for i, char in enumerate(line) if char == "\n"]
         self.events: list[tuple[int, str, str]] = []  # (offset, kind, decoded text)
+        # Where the last thing that can end a tag or a comment starts (-1: none), see check_for_whole_start_tag.
+        self.last_tag_end = line.rfind(">")
+        self.last_comment_close = max((m.start() for m in COMMENT_CLOSE.finditer(line)), default=-1)
 
     def tokens(self) -> list[_Token]:
         """Feed the whole line; every character of it ends up in exactly one token."""
@@ -154,6 +165,24 @@ class _Tokenizer(HTMLParser):
             return i + 3
         return super().parse_endtag(i)
 
+    def line_offset(self, i: int) -> int:
+        """The offset in the line of HTMLParser's rawdata[i] (rawdata is always a suffix of the line)."""
+        return len(self.line) - len(self.rawdata) + i
+
+    def check_for_whole_start_tag(self, i):
+        # With no ">" left in the line the tag cannot end: say so (-1, unfinished, which close() reads
+        # as text) without HTMLParser's scan of the rest of the line for attributes, which it repeats
+        # from every later "<" (quadratic: 30,000 characters of "<a " took 18 s).
+        if self.line_offset(i) > self.last_tag_end:
+            return -1
+        return super().check_for_whole_start_tag(i)
+
+    def parse_comment(self, i, report=1):
+        # Likewise a comment that nothing after it can close (100,000 characters of "<!--" took 18 s).
+        if self.line_offset(i) + 2 > self.last_comment_close:
+            return -1
+        return super().parse_comment(i, report)
+
 
 def _separates_words(token: _Token, mode: str) -> bool:
     """Whether a tag between two non-space characters splits them into two words.
@@ -177,6 +206,7 @@ def parse_markup(line: str, mode: str) -> MarkedLine:
     Returns a MarkedLine: .text to translate, .nodes the top-level Elements and Markers (Elements
     hold the character span they enclose in .text and their children), .well_formed. Never raises
     on bad markup: an end tag with no open element, or an element never closed, becomes a Marker.
+    The text inside script and style elements is a Marker too (code, not text), in both modes.
     """
     if mode not in MARKUP_MODES:
         raise ValueError(f"markup mode must be one of {MARKUP_MODES}, not {mode!r}")
@@ -194,6 +224,9 @@ def parse_markup(line: str, mode: str) -> MarkedLine:
     length = 0
     root = Element("", "", 0, 0, -1)
     stack = [root]
+    # Open elements by name: an end tag that matches none is found without walking the whole stack
+    # (quadratic on thousands of unmatched end tags under thousands of open ones).
+    open_names: Counter[str] = Counter()
     well_formed = True
 
     def add_space_if_inside_word(index: int) -> None:
@@ -203,7 +236,9 @@ def parse_markup(line: str, mode: str) -> MarkedLine:
             length += 1
 
     for index, token in enumerate(tokens):
-        if token.kind == "data":
+        if token.kind == "data" and mode == "xml" and any(open_names[name] for name in XML_CODE_ELEMENTS):
+            stack[-1].children.append(Marker(token.raw, length, index))
+        elif token.kind == "data":
             if token.text:
                 text.append(token.text)
                 length += len(token.text)
@@ -212,35 +247,41 @@ def parse_markup(line: str, mode: str) -> MarkedLine:
             element = Element(token.raw, "", length, length, index, token.name)
             stack[-1].children.append(element)
             stack.append(element)
+            open_names[token.name] += 1
         elif token.kind == "end":
-            depth = next((d for d in range(len(stack) - 1, 0, -1) if stack[d].name == token.name), None)
-            if depth is None:
+            if not open_names[token.name]:
                 stack[-1].children.append(Marker(token.raw, length, index))
                 well_formed = False
             else:
-                while len(stack) - 1 > depth:
-                    _unwrap(stack)
+                depth = next(d for d in range(len(stack) - 1, 0, -1) if stack[d].name == token.name)
+                if len(stack) - 1 > depth:  # elements opened inside it and never closed
+                    open_names.subtract(unclosed.name for unclosed in stack[depth + 1 :])
+                    _unwrap(stack, depth)
                     well_formed = False
                 element = stack.pop()
+                open_names[element.name] -= 1
                 element.end_tag, element.end = token.raw, length
             add_space_if_inside_word(index)
         else:
             stack[-1].children.append(Marker(token.raw, length, index))
             add_space_if_inside_word(index)
-    while len(stack) > 1:
-        _unwrap(stack)
+    if len(stack) > 1:
+        _unwrap(stack, 0)
         well_formed = False
     return MarkedLine("".join(text), root.children, well_formed)
 
 
-def _unwrap(stack: list[Element]) -> None:
-    """Pop the innermost open element, which was never closed: its start tag becomes a Marker and
-    its children move up to its parent, where it was the last child."""
-    element = stack.pop()
-    parent = stack[-1]
+def _unwrap(stack: list[Element], depth: int) -> None:
+    """Pop the open elements above stack[depth], which were never closed: each start tag becomes a
+    Marker and its children move up to stack[depth]. Each was the last child of the one below it, so
+    they become one run there: marker, children, the next marker, ... (one pass: thousands of
+    unclosed elements moved level by level would be quadratic)."""
+    parent, unclosed = stack[depth], stack[depth + 1 :]
     parent.children.pop()
-    parent.children.append(Marker(element.start_tag, element.start, element.order))
-    parent.children.extend(element.children)
+    for element in unclosed:
+        parent.children.append(Marker(element.start_tag, element.start, element.order))
+        parent.children.extend(element.children if element is unclosed[-1] else element.children[:-1])
+    del stack[depth + 1 :]
 
 
 @dataclass
@@ -252,10 +293,25 @@ class _Target:
     src_words: list[tuple[int, int]]  # character offsets in marked.text
     tgt_words: list[tuple[int, int]]  # character offsets in translation
     links: list[list[int]]  # links[s]: the sorted target words aligned to source word s
+    # Looked up by bisection, so that a line of thousands of tags and words is not quadratic.
+    src_starts: list[int] = field(init=False)  # src_starts[s]: where source word s starts
+    src_ends: list[int] = field(init=False)  # src_ends[s]: where source word s ends
+    linked: list[int] = field(init=False)  # the source words with a link, in order
 
-    def words_of(self, element: Element) -> list[int]:
-        """The source words whose characters overlap the element's span (none for an empty span)."""
-        return [s for s, (start, end) in enumerate(self.src_words) if start < element.end and end > element.start]
+    def __post_init__(self):
+        self.src_starts = [start for start, _ in self.src_words]
+        self.src_ends = [end for _, end in self.src_words]
+        self.linked = [s for s, targets in enumerate(self.links) if targets]
+
+    def words_of(self, element: Element) -> range:
+        """The source words whose characters overlap the element's span (those ending after its
+        start and starting before its end; for an empty span, a word it sits inside)."""
+        first = bisect.bisect_right(self.src_ends, element.start)
+        return range(first, bisect.bisect_left(self.src_starts, element.end))
+
+    def linked_in(self, words: range) -> list[int]:
+        """The source words in `words` that have a link."""
+        return self.linked[bisect.bisect_left(self.linked, words.start) : bisect.bisect_left(self.linked, words.stop)]
 
     def prev_end(self, t: int) -> int:
         """Where the text before target word t ends: the end of word t - 1, or 0."""
@@ -288,11 +344,58 @@ def restore_markup(marked: MarkedLine, translation: str, alignment: list[Alignme
     return _render(target, root, 0, len(tgt_words), 0, len(translation))
 
 
-def _render(target: _Target, parent: Element, lo: int, hi: int, char_start: int, char_end: int) -> str:
-    """The content of `parent` (without its own tags): it holds target words [lo, hi), which are
-    translation[char_start:char_end]; returns that text escaped, with the children's tags in it."""
+@dataclass
+class _Open:
+    """An element being written by _render: its children still to place, last first, and its text."""
+
+    items: list[tuple[int, int, int, Element | Marker, int]]  # (first word, end word, order, child, offset)
+    cursor: int  # how far its text in the translation has been written
+    char_end: int  # where its text ends
+    end_tag: str
+
+
+def _render(target: _Target, root: Element, lo: int, hi: int, char_start: int, char_end: int) -> str:
+    """The content of `root` (without its own tags): it holds target words [lo, hi), which are
+    translation[char_start:char_end]; returns that text escaped, with the children's tags in it.
+
+    Depth-first with a stack of open elements, not recursion: a line may nest thousands of tags.
+    """
+    out = []
+    stack = [_Open(_placements(target, root, lo, hi, char_end), char_start, char_end, "")]
+    while stack:
+        open_element = stack[-1]
+        if not open_element.items:
+            out.append(html.escape(target.translation[open_element.cursor : open_element.char_end], quote=False))
+            out.append(open_element.end_tag)
+            stack.pop()
+            if stack:
+                stack[-1].cursor = open_element.char_end
+            continue
+        first, last, _, child, offset = open_element.items.pop()
+        if first == last:
+            # A marker, or an element with no target words (then empty, its own children inside it).
+            start = end = min(max(offset, open_element.cursor), open_element.char_end)
+        else:
+            leading, trailing = _edge_spaces(target, child)
+            start = max(open_element.cursor, target.prev_end(first), target.tgt_words[first][0] - leading)
+            end = min(open_element.char_end, target.next_start(last), target.tgt_words[last - 1][1] + trailing)
+        out.append(html.escape(target.translation[open_element.cursor : start], quote=False))
+        if isinstance(child, Marker):
+            out.append(child.raw)
+            open_element.cursor = start
+        else:
+            out.append(child.start_tag)
+            stack.append(_Open(_placements(target, child, first, last, end), start, end, child.end_tag))
+    return "".join(out)
+
+
+def _placements(
+    target: _Target, parent: Element, lo: int, hi: int, char_end: int
+) -> list[tuple[int, int, int, Element | Marker, int]]:
+    """Where each child of `parent` (holding target words [lo, hi), its text ending at char_end)
+    goes, last first: (first word, end word, order, child, desired character offset for a point)."""
     intervals = _child_intervals(target, parent, lo, hi)
-    items = []  # (first word, end word, order, child, desired character offset for a point)
+    items = []
     for child in parent.children:
         if isinstance(child, Element) and child.order in intervals:
             first, last = intervals[child.order]
@@ -302,31 +405,8 @@ def _render(target: _Target, parent: Element, lo: int, hi: int, char_start: int,
             items.append((boundary, boundary, child.order, child, offset))
     # Sorting on (first, end) puts a point at boundary k after a sibling that ends at k and before
     # one that starts at k; siblings never overlap, so the order is a left-to-right walk.
-    items.sort(key=lambda item: item[:3])
-    out = []
-    cursor = char_start
-    for first, last, _, child, offset in items:
-        if first == last:
-            position = min(max(offset, cursor), char_end)
-            out.append(html.escape(target.translation[cursor:position], quote=False))
-            out.append(_render_point(target, child, first, position))
-            cursor = position
-            continue
-        leading, trailing = _edge_spaces(target, child)
-        start = max(cursor, target.prev_end(first), target.tgt_words[first][0] - leading)
-        end = min(char_end, target.next_start(last), target.tgt_words[last - 1][1] + trailing)
-        out.append(html.escape(target.translation[cursor:start], quote=False))
-        out.append(child.start_tag + _render(target, child, first, last, start, end) + child.end_tag)
-        cursor = end
-    out.append(html.escape(target.translation[cursor:char_end], quote=False))
-    return "".join(out)
-
-
-def _render_point(target: _Target, node: Element | Marker, boundary: int, position: int) -> str:
-    """A marker, or an element with no target words (then empty, its own children inside it)."""
-    if isinstance(node, Marker):
-        return node.raw
-    return node.start_tag + _render(target, node, boundary, boundary, position, position) + node.end_tag
+    items.sort(key=lambda item: item[:3], reverse=True)
+    return items
 
 
 def _child_intervals(target: _Target, parent: Element, lo: int, hi: int) -> dict[int, tuple[int, int]]:
@@ -344,7 +424,7 @@ def _child_intervals(target: _Target, parent: Element, lo: int, hi: int) -> dict
     owner: dict[int, int] = {}
     for child in parent.children:
         if isinstance(child, Element):
-            for s in target.words_of(child):
+            for s in target.linked_in(target.words_of(child)):
                 for t in target.links[s]:
                     if lo <= t < hi:
                         owner.setdefault(t, child.order)
@@ -370,26 +450,30 @@ def _point(target: _Target, node: Element | Marker, lo: int, hi: int, char_end: 
     an identity translation gives the input back).
     """
     start, end = (node.start, node.end) if isinstance(node, Element) else (node.offset, node.offset)
-    own = set(target.words_of(node)) if isinstance(node, Element) else set()
+    own = target.words_of(node) if isinstance(node, Element) else range(0)
     text = target.marked.text
 
     def inside(s: int) -> list[int]:
         return [t for t in target.links[s] if lo <= t < hi]
 
-    # A word the marker sits inside (a comment in "foo<!---->bar") counts as the next word.
-    following = [s for s, (_, word_end) in enumerate(target.src_words) if word_end > end and s not in own]
-    for s in following:
+    # The words after it: those ending after its end, but its own (at most one of them: the word
+    # its end sits inside). A word the marker sits inside (a comment in "foo<!---->bar") counts.
+    following = bisect.bisect_right(target.src_ends, end)
+    if following in own:
+        following += 1
+    for s in target.linked_in(range(following, len(target.src_words))):
         if targets := inside(s):
             t = targets[0]
             gap = text[end : target.src_words[s][0]]
-            spaces = len(gap) if s == following[0] and gap.strip(" ") == "" else 0
+            spaces = len(gap) if s == following and gap.strip(" ") == "" else 0
             return t, max(target.tgt_words[t][0] - spaces, target.prev_end(t))
-    preceding = [s for s, (_, word_end) in enumerate(target.src_words) if word_end <= start and s not in own]
-    for s in reversed(preceding):
+    # The words before it: those ending at or before its start (never its own).
+    preceding = bisect.bisect_right(target.src_ends, start)
+    for s in reversed(target.linked_in(range(preceding))):
         if targets := inside(s):
             t = targets[-1]
             gap = text[target.src_words[s][1] : start]
-            spaces = len(gap) if s == preceding[-1] and gap.strip(" ") == "" else 0
+            spaces = len(gap) if s == preceding - 1 and gap.strip(" ") == "" else 0
             return t + 1, min(target.tgt_words[t][1] + spaces, target.next_start(t + 1))
     return hi, char_end
 
