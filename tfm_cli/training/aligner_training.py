@@ -27,6 +27,7 @@ from tfm_cli.inference.translation import BatchingConfig
 from tfm_cli.inference.word_alignment import WordAligner, WordPair
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.training.guided_alignment import PieceTable, real_tokens, reference_attention, word_index
+from tfm_cli.training.lr_schedules import OneCycle, ScheduleSettings
 
 STATE_DTYPE = torch.float16  # kept states: half the memory of float32, far inside its range
 MAX_WIDTH = 1 << 16  # --hidden and --dim: far above a useful aligner, below widths torch fails to allocate
@@ -212,22 +213,18 @@ def train_aligner(
     plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
     rows_per_step = sum(supervised_rows(batch) * batch.repeat for batch in batches) / len(plan)
     total_steps = config.epochs * len(plan)
-    warmup = max(1, total_steps // 10)
-
-    def rate(step: int) -> float:  # one cycle: linear warm-up, then cosine to zero
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total_steps - warmup)))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    schedule = OneCycle(ScheduleSettings(config.lr, warmup_steps=max(1, total_steps // 10), total_steps=total_steps))
+    step = 0
     aligner.train()
     for epoch in range(config.epochs):
         for position in torch.randperm(len(plan), generator=generator).tolist():
             loss, rows = aligner_loss(aligner, batches[plan[position]])
             optimizer.zero_grad()
             (loss / max(rows_per_step, 1.0)).backward()
+            step += 1
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.rate(step)
             optimizer.step()
-            schedule.step()
             if on_step is not None:
                 on_step(epoch, float(loss.detach()) / max(rows, 1))
     if not all(bool(param.isfinite().all()) for param in aligner.parameters()):  # no checkpoint could hold them
