@@ -32,7 +32,7 @@ def worker(model_path: str, source: str, lines: int, beam: int, threads: int, ba
     import torch
 
     import tfm_cli
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.config import DecodeConfig
     from tfm_cli.inference.search import beam_search, greedy_search
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from alignment_aer import aer, read_gold, read_pharaoh  # noqa: E402
-from tfm_cli.checkpoint import read_checkpoint  # noqa: E402
+from tfm_cli.checkpoints.format import read_checkpoint  # noqa: E402
 
 
 def run_align(flags: list[str], output: Path) -> None:

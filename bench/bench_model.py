@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from tfm_cli.checkpoint import save_model
+from tfm_cli.checkpoints.format import save_model
 from tfm_cli.config import ModelConfig
 from tfm_cli.model import Transformer
-from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 

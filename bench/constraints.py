@@ -25,7 +25,7 @@ import sacrebleu
 import torch
 
 from prepare_corpus import cpu_flags
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.text_preparation import TextOptions
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator

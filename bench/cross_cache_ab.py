@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from tfm_cli.allocator import keep_freed_memory
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import DecoderState
 from tfm_cli.inference.search import beam_search

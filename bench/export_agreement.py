@@ -50,7 +50,7 @@ def ctranslate2_greedy(folder: Path, model: Path, lines: list[str]) -> list[str]
     """ctranslate2.Translator.translate_batch(beam_size=1) on the checkpoint's own source pieces."""
     import ctranslate2
 
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     loaded = load_model(model)
     src, tgt = loaded.src_tokenizer, loaded.tgt_tokenizer
@@ -65,9 +65,9 @@ def main() -> None:
     """Export, decode with every engine, print a markdown table."""
     import sacrebleu
 
-    from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
+    from tfm_cli.checkpoints.format import checkpoint_tokenizers, read_checkpoint
     from tfm_cli.interop.exporting import export_model
-    from tfm_cli.textio import read_lines
+    from tfm_cli.textio.streams import read_lines
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="tfm checkpoint (.safetensors)")

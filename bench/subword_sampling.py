@@ -20,7 +20,7 @@ import torch
 from tfm_cli.corpus.subword_sampling import SamplingSettings, sample_segmentations
 from tfm_cli.corpus.tokenized import flatten
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.model.layers import sinusoidal_table
 from tfm_cli.special_ids import EOS_ID, PAD_ID
-from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 from tfm_cli.training.step import StepSettings, train_step
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -82,7 +82,7 @@ def export_ctranslate2(checkpoint: Path, workdir: Path) -> dict[str, Path]:
     """
     import shutil
 
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spm.model").write_bytes(read_checkpoint(checkpoint).src_tokenizer_bytes)

@@ -65,7 +65,7 @@ else:
     mallopt = allocator.glibc_mallopt()
     mallopt(allocator.M_MMAP_THRESHOLD, int(mmap_threshold_kib) * 1024)
     mallopt(allocator.M_TRIM_THRESHOLD, 4 * int(mmap_threshold_kib) * 1024)
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.search import beam_search
 from tfm_cli.model.transformer import Transformer

@@ -22,12 +22,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfm_cli.checkpoint import LoadedModel, load_model, save_model  # noqa: E402
+from tfm_cli.checkpoints.format import LoadedModel, load_model, save_model  # noqa: E402
 from tfm_cli.config import DecodeConfig, ModelConfig  # noqa: E402
 from tfm_cli.model import Transformer  # noqa: E402
 from tfm_cli.inference.decoding import max_output_lengths  # noqa: E402
 from tfm_cli.length_penalty import GnmtPenalty  # noqa: E402
-from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece  # noqa: E402
+from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece  # noqa: E402
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "multi30k"

@@ -91,9 +91,9 @@ def prepare(checkpoint: Path, workdir: Path, source: Path, batch_size: int, limi
     """
     import shutil
 
-    from tfm_cli.checkpoint import checkpoint_tokenizers, load_model, read_checkpoint
+    from tfm_cli.checkpoints.format import checkpoint_tokenizers, load_model, read_checkpoint
     from tfm_cli.interop.exporting import export_model
-    from tfm_cli.textio import iter_lines
+    from tfm_cli.textio.streams import iter_lines
 
     loaded = load_model(checkpoint)
     exported = read_checkpoint(checkpoint)
@@ -121,7 +121,7 @@ def run_job(job: Job) -> None:
     batches = json.loads(Path(job.batches_file).read_text())
     if job.engine == "tfm-translate":
         # The library path takes the raw lines in one chunk and batches them itself.
-        from tfm_cli.textio import iter_lines
+        from tfm_cli.textio.streams import iter_lines
 
         lines = list(iter_lines(job.source))[: sum(len(batch) for batch in batches)]
         batches = [[[i, line] for i, line in enumerate(lines)]]
@@ -153,7 +153,7 @@ def load_engine(job: Job):
 
         keep_freed_memory()  # what `tfm translate` does at start-up
     if job.engine in TFM_DTYPES:
-        from tfm_cli.checkpoint import load_model
+        from tfm_cli.checkpoints.format import load_model
         from tfm_cli.config import DecodeConfig
         from tfm_cli.inference.search import beam_search, greedy_search
 
@@ -170,7 +170,7 @@ def load_engine(job: Job):
 
         return decode
     if job.engine == "tfm-translate":
-        from tfm_cli.checkpoint import load_model
+        from tfm_cli.checkpoints.format import load_model
         from tfm_cli.config import DecodeConfig
         from tfm_cli.inference.translation import BatchingConfig, Translator, TranslationStats
 
@@ -276,8 +276,8 @@ def corpus_bleu(checkpoint: Path, outputs: dict[str, list[int]], reference: Path
     """sacreBLEU (default: cased, 13a) of the outputs (line index -> target ids), detokenized by the checkpoint."""
     import sacrebleu
 
-    from tfm_cli.checkpoint import load_model
-    from tfm_cli.textio import iter_lines
+    from tfm_cli.checkpoints.format import load_model
+    from tfm_cli.textio.streams import iter_lines
 
     tokenizer = load_model(checkpoint).tgt_tokenizer
     hypotheses = [tokenizer.decode_ids(outputs[str(i)]) for i in range(len(outputs))]

@@ -123,7 +123,7 @@ def write_synthetic_corpus(folder: Path) -> dict[str, Path]:
 
 def train_joint_spm(corpus: dict[str, Path], prefix: Path) -> Path:
     """A SMALL_SPM_PIECES-piece joint unigram model on the corpus's train.src + train.tgt (~0.1 s)."""
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     return train_sentencepiece(
         [corpus["train.src"], corpus["train.tgt"]], prefix, TokenizerTrainConfig(vocab_size=SMALL_SPM_PIECES)
@@ -150,9 +150,9 @@ def random_checkpoint(tmp_path_factory, small_spm) -> Path:
 
 def save_random_checkpoint(path: Path, spm_model: Path, seed: int) -> Path:
     """Write an untrained tiny model (weights seeded with `seed`) with the `spm_model` tokenizer to `path`."""
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(spm_model)
     torch.manual_seed(seed)
@@ -193,7 +193,7 @@ def letters(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("letters")
     train_src, train_tgt = write_pairs(folder, "train", 200, seed=1)
     valid_src, valid_tgt = write_pairs(folder, "valid", 20, seed=2)
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     spm = train_sentencepiece([train_src, train_tgt], folder / "spm", TokenizerTrainConfig(vocab_size=20))
     return {"train_src": train_src, "train_tgt": train_tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "spm": spm}

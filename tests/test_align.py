@@ -47,7 +47,7 @@ def links(line: str) -> list[tuple[int, int]]:
 
 def test_per_word_encoding_gives_the_pieces_of_the_whole_line(small_spm, synthetic):
     """sentencepiece splits on whitespace first, so words encoded one by one give the line's own pieces."""
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(small_spm)
     lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[:50]
@@ -84,7 +84,7 @@ def test_alignment_equals_inspect_attention(random_checkpoint, pairs, options):
 def test_alignment_equals_translator_align(random_checkpoint, pairs, shift):
     """Translator.align (translate --alignment's batched pass) given the pairs' targets as its outputs links
     the same words, with the shift as the model's stored setting or as the --align-shift flag."""
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.config import AlignmentConfig, DecodeConfig
     from tfm_cli.inference.translation import (
         BatchingConfig,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import rewritten_checkpoint, run_cli, tiny_config
 
-from tfm_cli.checkpoint import load_model, read_checkpoint
+from tfm_cli.checkpoints.format import load_model, read_checkpoint
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import aligning_attention
 from tfm_cli.model import Transformer

@@ -62,8 +62,8 @@ ODD_LINES = [
 
 
 def test_spans_and_char_offsets_agree_with_sentencepiece_on_synthetic_and_odd_text(small_spm, synthetic):
-    from tfm_cli.textio import read_lines
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.textio.streams import read_lines
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(small_spm)
     lines = read_lines(str(synthetic["test.src"])) + read_lines(str(synthetic["test.tgt"])) + ODD_LINES

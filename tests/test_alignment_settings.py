@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import rewritten_checkpoint, run_cli
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import chosen_attention, piece_rows
 

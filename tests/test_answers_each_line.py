@@ -75,7 +75,7 @@ def test_score_with_a_model(random_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("input", ["-", "/dev/stdin"])
 def test_tokenize_encode(small_spm, input):
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     answers = answers_while_stdin_is_open(["tokenize", "encode", "-m", small_spm, "-i", input], SOURCES)
     tokenizer = Tokenizer.from_file(small_spm)
@@ -84,7 +84,7 @@ def test_tokenize_encode(small_spm, input):
 
 @pytest.mark.parametrize("input", ["-", "/dev/stdin"])
 def test_tokenize_decode(small_spm, input):
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(small_spm)
     lines = [" ".join(map(str, tokenizer.encode_ids(line))) for line in SOURCES]
@@ -94,7 +94,7 @@ def test_tokenize_decode(small_spm, input):
 
 def test_read_chunks_hands_out_the_lines_before_a_bad_one_then_raises():
     from tfm_cli.errors import TfmError
-    from tfm_cli.textio import read_chunks
+    from tfm_cli.textio.streams import read_chunks
 
     def lines():
         yield "a"
@@ -108,7 +108,7 @@ def test_read_chunks_hands_out_the_lines_before_a_bad_one_then_raises():
 
 
 def test_read_chunks_reads_at_most_two_chunks_ahead():
-    from tfm_cli.textio import read_chunks
+    from tfm_cli.textio.streams import read_chunks
 
     pulled = []
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_config
-from tfm_cli.checkpoint import model_weights, read_checkpoint, save_model
+from tfm_cli.checkpoints.format import model_weights, read_checkpoint, save_model
 from tfm_cli.model import Transformer
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 
 def make_checkpoint(path, tokenizer, seed=0, fill=None, step=None, **config):
@@ -92,7 +92,7 @@ def test_incompatible_checkpoints_are_refused_naming_the_difference(tmp_path, to
     assert f"model.d_ff is 128 in {wide} but 64 in {first}" in result.stderr
     assert not (tmp_path / "x.safetensors").exists()
 
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     # The same text and size as small_spm, another model type: other pieces, another tokenizer.
     other_spm = train_sentencepiece(

@@ -500,7 +500,7 @@ app(sys.argv[2:], prog_name="tfm")
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name the file being written")
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, small_spm):
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     valid_src, valid_tgt = small_parallel(tmp_path)
     settings = {

@@ -12,7 +12,7 @@ import sys
 from conftest import run_cli
 from test_corpus_cache import SOURCE, TARGET, folders, prepare, write_pair
 
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 READER = """
 import sys

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from conftest import REPO_ROOT, rewritten_checkpoint, run_cli, tiny_config
 from tfm_cli.model.kernels import packed_weights
-from tfm_cli.checkpoint import (
+from tfm_cli.checkpoints.format import (
     Checkpoint,
     encode_checkpoint,
     load_model,
@@ -25,7 +25,7 @@ from tfm_cli.checkpoint import (
 )
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_header_length_larger_than_file(tmp_path):
 
 
 def test_separate_target_tokenizer_is_kept(saved, tmp_path, tokenizer, synthetic):
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     # A target-only model (the synthetic target side), smaller than the joint one.
     other = Tokenizer.from_file(

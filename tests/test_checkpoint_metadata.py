@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.checkpoints.format import read_checkpoint
 from tfm_cli.errors import TfmError
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from conftest import run_cli
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.text_preparation import TextOptions

@@ -16,7 +16,7 @@ from tfm_cli.corpus.entry import ARRAYS
 from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 SOURCE = ["the dog sees my cat", "", "the two cats", "the man " * 40, "my tree", "the cat", "a b"]
 TARGET = ["la hundo mia kato vidas", "nenio", "   ", "la viro", "mia arbo", "the cat", "la la la la la la la la"]
@@ -307,7 +307,7 @@ from pathlib import Path
 from tfm_cli.corpus.cache import prepare_corpus
 from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 cache, spm, src, tgt, flags, pid = sys.argv[1:7]
 if pid != "own":

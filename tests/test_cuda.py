@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, letter_settings, run_tfm_process, tiny_config
-from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.checkpoints.format import read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.model import Transformer
 from tfm_cli.inference.search import beam_search, greedy_search

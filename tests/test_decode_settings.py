@@ -33,7 +33,7 @@ def test_settings_that_do_not_fit_together_are_refused():
 def tuned(random_checkpoint, synthetic, tmp_path_factory):
     """The random model with non-default decoding settings in its checkpoint: a strong length penalty, a
     tight length limit and, banned, the first token the plain model's beam search puts out; and test lines."""
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[:LINES]
     plain = run_cli(["translate", "-m", random_checkpoint, "--json", "-q"], input="\n".join(lines) + "\n")

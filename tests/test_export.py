@@ -21,9 +21,9 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 def random_checkpoint(spm_path: Path, folder: Path, seed: int, **overrides) -> Path:
     """A random-weight tiny checkpoint file (LayerNorms and biases not at their initial values)."""
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(spm_path)
     config = tiny_config(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, **overrides)
@@ -51,7 +51,7 @@ def hf_marian(folder: Path):
 
 
 def tfm_logits(model_path: Path, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     with torch.inference_mode():
         return load_model(model_path).model(src, tgt_in)
@@ -71,7 +71,7 @@ def test_marian_folder_gives_tfm_logits(small_spm, tmp_path, overrides):
     export(model, "marian", tmp_path / "marian")
     marian, tokenizer = hf_marian(tmp_path / "marian")
     batch = tokenizer(SENTENCES, return_tensors="pt", padding=True)
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     loaded = load_model(model)
     eos = loaded.config.eos_id
@@ -114,7 +114,7 @@ def test_marian_greedy_and_ctranslate2_greedy_equal_tfm_translate(tmp_path):
 def test_ctranslate2_int8_scores_close_to_float32_and_leaves_the_checkpoint_alone(tmp_path):
     import sacrebleu
 
-    from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
+    from tfm_cli.checkpoints.format import checkpoint_tokenizers, read_checkpoint
     from tfm_cli.interop.exporting import export_model
 
     model = trained_checkpoint()
@@ -196,7 +196,7 @@ def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout):
 def test_a_second_export_of_the_imported_model_writes_the_same_folder(small_spm, tmp_path):
     import json
 
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     model = random_checkpoint(small_spm, tmp_path, seed=4, sinusoid_layout="halves")
     export(model, "marian", tmp_path / "first")

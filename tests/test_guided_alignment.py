@@ -14,7 +14,7 @@ import torch
 from conftest import REPO_ROOT, SYNTHETIC_SIZES, letter_settings, run_cli, tiny_config
 from safetensors.torch import load_file
 
-from tfm_cli.checkpoint import load_model, read_checkpoint
+from tfm_cli.checkpoints.format import load_model, read_checkpoint
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.corpus.batching import SpecialIds, collate
 from tfm_cli.corpus.cache import prepare_corpus
@@ -25,7 +25,7 @@ from tfm_cli.inference.alignment import word_spans
 from tfm_cli.model import Transformer, attention
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.synthetic import generate_pairs
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 from tfm_cli.training.guided_alignment import (
     PieceTable,
     alignment_loss,

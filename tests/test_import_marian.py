@@ -177,7 +177,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 def test_marian_tokenizer_loads_the_folder(imported):
     # The folder is a valid OPUS-MT folder: MarianTokenizer encodes as tfm's imported tokenizer does.
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     loaded = load_model(imported.checkpoint)
     for source, target in zip(imported.sources, imported.targets):
@@ -377,7 +377,7 @@ def test_target_lang_on_a_model_without_tags(random_checkpoint):
 
 
 def test_generation_defaults_travel_and_flags_override(tmp_path, synthetic):
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     variant = VARIANTS[0]
     folder = build_marian_folder(tmp_path / "hf", synthetic, variant)
@@ -398,7 +398,7 @@ def test_generation_defaults_travel_and_flags_override(tmp_path, synthetic):
 
 
 def test_own_checkpoints_keep_tfms_defaults(random_checkpoint):
-    from tfm_cli.checkpoint import load_model, read_checkpoint
+    from tfm_cli.checkpoints.format import load_model, read_checkpoint
 
     assert read_checkpoint(random_checkpoint).decode_defaults == {}
     assert load_model(random_checkpoint).decode_defaults == {}
@@ -564,7 +564,7 @@ def test_damaged_decode_defaults_are_refused(decode_defaults, fragment, good_fol
 
 def test_legacy_config_fields_and_generation_settings_in_config_json(good_folder, tmp_path):
     # Older OPUS-MT folders: BART-era fields with Marian's values, generation settings in config.json only.
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     folder = tmp_path / "hf"
     shutil.copytree(good_folder, folder)
@@ -591,7 +591,7 @@ def test_minimum_length_equals_generates(tmp_path, synthetic, setting, min_len):
     # min_len counts output tokens. A raised EOS bias makes the random model stop early, so the minimum decides.
     from transformers import MarianMTModel, MarianTokenizer
 
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     folder = build_marian_folder(tmp_path / "hf", synthetic, Variant("minimum", generation=setting))
     edit_weights(folder, lambda tensors: tensors["final_logits_bias"][0, 0].add_(EOS_BIAS))  # EOS (id 0) likely early

@@ -16,7 +16,7 @@ from conftest import run_cli
 
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 
 # A synthetic pair (tfm_cli/synthetic.py) in the small_spm tokenizer's languages. Most of its words are
 # several pieces ("▁s i x", "▁rivero j") and "old" is a bare "▁" plus "old": real word merging.

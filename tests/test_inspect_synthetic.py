@@ -23,12 +23,12 @@ STEPS = 200
 @pytest.fixture(scope="module")
 def trained_synthetic(tmp_path_factory):
     """(checkpoint path, test source file, test target file, gold Pharaoh lines)."""
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.config import ModelConfig
     from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID
     from tfm_cli.model import Transformer
     from tfm_cli.synthetic import generate_pairs
-    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     folder = tmp_path_factory.mktemp("synthetic")
     pairs = generate_pairs(3000, seed=1)

@@ -156,7 +156,7 @@ def test_a_cpu_index_is_refused_like_any_other_device(random_checkpoint):
 
 
 def test_align_head_counts_from_the_end_as_inspect_attention_head_does(random_checkpoint):
-    from tfm_cli.checkpoint import read_checkpoint
+    from tfm_cli.checkpoints.format import read_checkpoint
 
     n_heads = read_checkpoint(random_checkpoint).config.n_heads
     last, negative = (run_cli([*TRANSLATE, "-m", random_checkpoint, "--alignment", "--align-head", head], input="a b c\n")

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_cli
 from tfm_cli.inference.alignment import parse_pharaoh
-from tfm_cli.checkpoint import load_model, model_with_weights, read_checkpoint
+from tfm_cli.checkpoints.format import load_model, model_with_weights, read_checkpoint
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.training.step import resolve_precision

@@ -10,7 +10,7 @@ from conftest import run_cli
 
 # Tiny models: one thread is as fast on an idle machine and far faster on a busy one (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.length_penalty import GnmtPenalty
 from tfm_cli.special_ids import BOS_ID, EOS_ID
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer

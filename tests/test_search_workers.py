@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_cli, run_tfm_process
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.search_workers import SearchJob, SearchWorkers

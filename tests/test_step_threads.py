@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_config
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.inference.decoding import TransformerDecoder, source_batch
 from tfm_cli.model import kernels

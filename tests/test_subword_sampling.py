@@ -16,7 +16,7 @@ from tfm_cli.corpus.subword_sampling import SamplingSettings, check_unigram, sam
 from tfm_cli.corpus.tokenized import flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import EOS_ID
-from tfm_cli.tokenizer import Tokenizer, train_sentencepiece
+from tfm_cli.tokenization.tokenizer import Tokenizer, train_sentencepiece
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 WORDS = ["the", "then", "there", "other", "brother", "mother", "moth", "her", "here", "where", "wherever",

@@ -35,7 +35,7 @@ def test_train_encode_decode_round_trip(tmp_path, synthetic):
 
 
 def test_special_ids_are_fixed(small_spm):
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     processor = Tokenizer.from_file(small_spm).processor
     assert (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()) == (0, 1, 2, 3)
@@ -120,7 +120,7 @@ def test_training_twice_gives_the_same_bytes_and_sentencepieces_own_vocab_file(t
 
     import sentencepiece as spm
 
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     source = synthetic["train.tgt"]
     config = TokenizerTrainConfig(vocab_size=100)
@@ -187,7 +187,7 @@ def test_train_reads_a_fifo_input_once(tmp_path, synthetic):
 
 
 def test_sampling_keeps_limit_lines_uniformly_and_the_same_ones_every_time(tmp_path):
-    from tfm_cli.tokenizer import sample_sentences
+    from tfm_cli.tokenization.tokenizer import sample_sentences
 
     first, second = tmp_path / "a.txt", tmp_path / "b.txt"
     first.write_text("".join(f"a{i}\n" for i in range(3000)), encoding="utf-8")

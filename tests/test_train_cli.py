@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, letter_settings, run_cli
-from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.checkpoints.format import read_checkpoint
 from tfm_cli.training.lr_schedules import InverseSqrt, ScheduleSettings
-from tfm_cli.textio import temp_file_beside
+from tfm_cli.textio.atomic_files import temp_file_beside
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
 
-from tfm_cli.config import ModelShape
+from tfm_cli.config import CHECKPOINT_DECODE_KEYS, RECIPE_DECODE_KEYS, DecodeConfig, ModelShape
 from tfm_cli.errors import TfmError
 from tfm_cli.recipe import load_recipe
 
@@ -97,3 +98,8 @@ def test_bad_recipes_name_the_key(tmp_path, extra, overrides, message):
 def test_a_recipe_that_is_not_toml_names_the_file(tmp_path):
     with pytest.raises(TfmError, match="recipe.toml: not valid TOML"):
         load_recipe(write_recipe(tmp_path, "[data\n"), [])
+
+
+def test_the_decode_keys_a_recipe_sets_are_ones_a_checkpoint_may_carry():
+    fields = {field.name for field in dataclasses.fields(DecodeConfig)}
+    assert set(RECIPE_DECODE_KEYS) <= set(CHECKPOINT_DECODE_KEYS) <= fields

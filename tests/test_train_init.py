@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import REPO_ROOT, run_cli
-from tfm_cli.checkpoint import read_checkpoint
+from tfm_cli.checkpoints.format import read_checkpoint
 
 TINY = REPO_ROOT / "recipes" / "tiny.toml"
 DOMAIN_A, DOMAIN_B = "abcd", "efgh"
@@ -95,7 +95,7 @@ def greedy_bleu(checkpoint: Path, pair: tuple[Path, Path]) -> float:
 @pytest.fixture(scope="module")
 def domains(tmp_path_factory) -> dict[str, object]:
     """Both domains' data, a tokenizer trained on both, the fine-tuning recipe, and the base model trained on A."""
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     folder = tmp_path_factory.mktemp("domains")
     a_train, a_valid = write_domain(folder, "a_train", DOMAIN_A, 1000, 1), write_domain(folder, "a_valid", DOMAIN_A, 30, 2)
@@ -163,7 +163,7 @@ def test_an_init_run_starts_from_the_checkpoint_and_records_it(tmp_path, domains
     ({"tokenizer.src_model": "OTHER_SPM"}, "--init: tokenizer.src_model is"),
 ])
 def test_a_recipe_that_contradicts_the_checkpoint_is_one_error_line(tmp_path, domains, settings, message):
-    from tfm_cli.tokenizer import TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import TokenizerTrainConfig, train_sentencepiece
 
     if settings.get("tokenizer.src_model") == "OTHER_SPM":
         other = write_domain(tmp_path, "other", "abcdefghij", 200, 6)
@@ -233,7 +233,7 @@ def test_an_imported_marian_model_trains_on_its_own_special_ids(tmp_path, synthe
     # loop builds use the model's ids.
     pytest.importorskip("transformers")
     from test_import_marian import VARIANTS, build_marian_folder
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
 
     model = tmp_path / "model.safetensors"
     folder = build_marian_folder(tmp_path / "hf", synthetic, VARIANTS[0])

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from conftest import REPO_ROOT, run_cli
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.inference.search import greedy_search
 
 LETTERS = "abcdefgh"

@@ -84,7 +84,7 @@ def line_of_exactly(tokenizer, pieces: int) -> str:
 
 
 def test_a_validation_pair_of_exactly_max_positions_pieces_is_filtered_not_fed_to_the_model(tmp_path, letters):
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(letters["spm"])
     positions = 12

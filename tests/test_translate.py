@@ -10,10 +10,10 @@ import torch
 
 from conftest import run_cli
 from tfm_cli.inference.alignment import parse_pharaoh
-from tfm_cli.checkpoint import load_model
+from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
 from tfm_cli.length_penalty import GnmtPenalty
-from tfm_cli.textio import read_chunks
+from tfm_cli.textio.streams import read_chunks
 from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator, translate_stream
 from translate_support import held_out_sources, one_thread, trained_checkpoint  # noqa: F401 (one_thread: autouse fixture)
 

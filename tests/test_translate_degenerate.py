@@ -13,9 +13,9 @@ from conftest import rewritten_checkpoint, run_cli, tiny_config
 
 def letter_checkpoint(folder: Path, letters: dict[str, Path], normalization: str) -> Path:
     """A random tiny model with a 20-piece tokenizer (trained on the letter data) saved as a checkpoint."""
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     settings = TokenizerTrainConfig(vocab_size=20, normalization=normalization)
     spm = train_sentencepiece([letters["train_src"], letters["train_tgt"]], folder / "spm", settings)
@@ -63,9 +63,9 @@ def test_a_model_that_emits_newlines_still_answers_one_line_per_line(tmp_path, l
     # A byte-fallback tokenizer has a piece for the newline byte, <0x0A>. This model emits only that
     # piece: its last decoder LayerNorm outputs a constant (weight 0, bias e_0) and only the
     # <0x0A> row of the output projection reads it. Decoded, that is a string of newlines.
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     settings = TokenizerTrainConfig(vocab_size=270, byte_fallback=True)
     tokenizer = Tokenizer.from_file(train_sentencepiece([letters["train_src"]], tmp_path / "spm", settings))

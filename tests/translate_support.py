@@ -30,9 +30,9 @@ def trained_checkpoint() -> Path:
     The corpus lies beside the checkpoint (train/valid/test .src/.tgt), its tokenizer is conftest's
     200-piece joint model trained the same way as the small_spm fixture.
     """
-    from tfm_cli.checkpoint import save_model
+    from tfm_cli.checkpoints.format import save_model
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix="tfm-translate-tests-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)

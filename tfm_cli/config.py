@@ -222,6 +222,17 @@ class DecodeConfig:
             raise TfmError(f"banned token ids must be >= 0, got {list(self.banned_ids)}")
 
 
+# The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
+# unless a flag says otherwise: checkpoints/metadata.read_decode_defaults), and the ones a recipe's
+# [decode] section sets among them (the settings a model was tuned with, recorded in every checkpoint
+# of the run: recipe.check_decode_section).
+CHECKPOINT_DECODE_KEYS = (
+    "beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b", "banned_ids", "renormalize",
+    "forced_eos", "min_len",
+)
+RECIPE_DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
+
+
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], section: str) -> ConfigT:
     """Build the dataclass `cls` from `values`, checking every key and type.
 

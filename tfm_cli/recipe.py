@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tfm_cli.config import (
+    RECIPE_DECODE_KEYS,
     DataConfig,
     DecodeConfig,
     ModelConfig,
@@ -34,9 +35,6 @@ from tfm_cli.errors import TfmError
 MODEL_KEYS_FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id", "unk_id", "bos_id", "eos_id")
 TOKENIZER_OWN_KEYS = ("src_model", "tgt_model", "joint")
 RECIPE_SECTIONS = ("data", "tokenizer", "model", "train", "decode")
-# The DecodeConfig fields a recipe's [decode] section sets: the decoding settings a model was tuned
-# with, recorded in every checkpoint of the run (tfm translate uses them unless a flag overrides).
-RECIPE_DECODE_KEYS = ("beam_size", "length_penalty", "max_len_a", "max_len_b")
 PATH_KEYS = {
     "data": ("train_src", "train_tgt", "valid_src", "valid_tgt", "cache_dir", "train_alignment"),
     "tokenizer": ("src_model", "tgt_model"),

@@ -65,13 +65,14 @@ def align(
     Each whitespace word is encoded on its own, so word k owns known pieces; a target word links to
     the source word its pieces attend to most (source pieces summed, target pieces averaged).
     """
-    from tfm_cli.textio import (
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.textio.streams import (
         DecodeStats,
-        check_input_file,
         check_parallel_line_counts,
+        check_stdin_open,
         count_lines,
         iter_lines,
-        open_output,
         thread_stdin,
         zip_parallel,
     )
@@ -95,12 +96,12 @@ def align(
     if src is not None:
         check_parallel_line_counts(src, tgt)
     uses_stdin = "-" in (src, tgt, input)
-    if uses_stdin and sys.stdin is None:
-        raise TfmError("stdin is closed; give the input files with --src/--tgt or -i FILE")
+    if uses_stdin:
+        check_stdin_open("give the input files with --src/--tgt or -i FILE")
     head_index = parse_head(align_head, "--align-head") if align_head is not None else None
 
     from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.devices import resolve_device
     from tfm_cli.inference.settings import resolve_alignment
     from tfm_cli.inference.translation import BatchingConfig

@@ -30,7 +30,7 @@ def average(
     The output keeps the config and tokenizer and lists the averaged files (name, step, sha256) in
     its provenance. Checkpoints with a different config or tokenizer are refused.
     """
-    from tfm_cli.averaging import average_to_file, run_checkpoints
+    from tfm_cli.checkpoints.averaging import average_to_file, run_checkpoints
 
     if run is not None and inputs:
         raise TfmError("give checkpoint files or --run DIR, not both")

@@ -31,7 +31,7 @@ def export(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
     """Export a checkpoint for other engines: MarianMT (transformers) or CTranslate2, computing what tfm computes."""
-    from tfm_cli.checkpoint import checkpoint_tokenizers, read_checkpoint
+    from tfm_cli.checkpoints.format import checkpoint_tokenizers, read_checkpoint
     from tfm_cli.errors import TfmError
     from tfm_cli.interop.exporting import export_model
 

@@ -28,10 +28,10 @@ def import_model(
     Settings tfm does not implement (another architecture, a pre-norm layout, sampling in the
     generation config, ...) are refused with one line naming the field, never converted.
     """
-    from tfm_cli.checkpoint import checkpoint_tokenizers, write_checkpoint
+    from tfm_cli.checkpoints.format import checkpoint_tokenizers, write_checkpoint
     from tfm_cli.interop.marian_import import find_marian_folder, import_marian
-    from tfm_cli.textio import check_output_path
-    from tfm_cli.vocabulary import language_tags
+    from tfm_cli.textio.paths import check_output_path
+    from tfm_cli.tokenization.vocabulary import language_tags
 
     check_output_path(output)
     folder = find_marian_folder(source)

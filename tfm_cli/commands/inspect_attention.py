@@ -23,10 +23,11 @@ from tfm_cli.config import AlignmentConfig
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
-from tfm_cli.textio import atomic_write_bytes, json_line, open_output, temp_file_beside
+from tfm_cli.textio.atomic_files import atomic_write_bytes, open_output, temp_file_beside
+from tfm_cli.textio.output_lines import json_line
 
 if TYPE_CHECKING:
-    from tfm_cli.checkpoint import LoadedModel
+    from tfm_cli.checkpoints.format import LoadedModel
     from tfm_cli.config import DecodeConfig
     from tfm_cli.inference.inspection import Example
 
@@ -94,7 +95,7 @@ def inspect_attention(
     if model is None:
         raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
 
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.devices import resolve_device
     from tfm_cli.inference.settings import resolve_alignment, resolve_decode
 
@@ -193,14 +194,9 @@ def read_pairs(
     length is an error before any result is printed; from a pipe such a problem is an error where
     it is found (an -o FILE is then not written). `one` (for --png) requires exactly one sentence.
     """
-    from tfm_cli.textio import zip_parallel
-    from tfm_cli.textio import (
-        STDIO,
-        check_input_file,
-        iter_lines,
-        read_chunks,
-        read_lines,
-    )
+    from tfm_cli.textio.streams import zip_parallel
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.textio.streams import STDIO, iter_lines, read_chunks, read_lines
 
     if target is not None and sentence is None:
         raise TfmError("--target forces the translation of one SENTENCE; for many lines use --target-file")
@@ -240,7 +236,7 @@ def check_files(input: str, target_file: str | None) -> None:
 
     A pipe cannot be read twice, and its lines are answered as they come (read_pairs).
     """
-    from tfm_cli.textio import STDIO, iter_lines
+    from tfm_cli.textio.streams import STDIO, iter_lines
 
     def lines_in(path: str | None) -> int | None:
         if path is None or path == STDIO or not Path(path).is_file():

@@ -94,7 +94,8 @@ def score_with_metrics(
         corpus_scores,
         sentence_scores,
     )
-    from tfm_cli.textio import open_output, read_lines
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.streams import read_lines
 
     names = tuple(name.strip().lower() for name in metrics.split(",") if name.strip())
     options = MetricOptions(names, tokenize, lowercase, ter_case_sensitive)
@@ -188,13 +189,15 @@ def score_with_model(
     """Forced-decode every (--src, --tgt) pair and write one score per line, streaming."""
     import math
 
-    from tfm_cli.checkpoint import load_model
+    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.config import check_length_penalty
     from tfm_cli.devices import resolve_device
     from tfm_cli.inference.model_scores import NORMALIZATIONS, TooLongPair, score_text_pairs
     from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.length_penalty import decode_length_penalty
-    from tfm_cli.textio import check_parallel_line_counts, iter_lines, json_line, open_output, zip_parallel
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.output_lines import json_line
+    from tfm_cli.textio.streams import check_parallel_line_counts, iter_lines, zip_parallel
 
     if normalize not in NORMALIZATIONS:
         raise TfmError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")

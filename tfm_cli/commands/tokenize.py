@@ -62,13 +62,13 @@ SIDE_HELP = "With a checkpoint: which side's tokenizer to use (src or tgt)."
 
 def load_tokenizer(model: str, side: str):
     """Load a Tokenizer from a .model file, or a checkpoint's own tokenizer for `side`."""
-    from tfm_cli.checkpoint import (
+    from tfm_cli.checkpoints.format import (
         checkpoint_tokenizers,
         is_safetensors_file,
         read_checkpoint,
     )
-    from tfm_cli.textio import as_regular_file, check_input_file
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.textio.paths import as_regular_file, check_input_file
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
     if side not in ("src", "tgt"):
         raise TfmError(f"--side must be 'src' or 'tgt', got {side!r}")
@@ -98,7 +98,7 @@ def train(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
     """Train a sentencepiece model (ids fixed: pad=0 unk=1 bos=2 eos=3)."""
-    from tfm_cli.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
+    from tfm_cli.tokenization.tokenizer import Tokenizer, TokenizerTrainConfig, train_sentencepiece
 
     config = TokenizerTrainConfig(
         vocab_size=vocab_size,
@@ -111,8 +111,10 @@ def train(
     )
     if inputs.count("-") > 1:
         raise TfmError("stdin (-) is given more than once; it can be read only once")
-    if "-" in inputs and sys.stdin is None:
-        raise TfmError("stdin is closed; give the text files to learn from")
+    if "-" in inputs:
+        from tfm_cli.textio.streams import check_stdin_open
+
+        check_stdin_open("give the text files to learn from")
     if output.endswith("/") or Path(output).is_dir():
         raise TfmError(f"-o {output}: is a folder; -o takes a file prefix, e.g. -o {output.rstrip('/')}/spm")
     prefix = Path(output)
@@ -160,7 +162,9 @@ def encode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Split raw text into pieces (or ids), line for line; empty lines stay empty."""
-    from tfm_cli.textio import iter_lines, one_line, open_output, read_chunks
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.output_lines import one_line
+    from tfm_cli.textio.streams import iter_lines, read_chunks
 
     tokenizer = load_tokenizer(model, side)
     encode_line = tokenizer.encode_ids if ids else tokenizer.encode_pieces
@@ -179,7 +183,9 @@ def decode(
     side: str = typer.Option("src", "--side", help=SIDE_HELP),
 ) -> None:
     """Join pieces (or ids) back into text, line for line: pieces invert encode exactly, ids only without <unk>."""
-    from tfm_cli.textio import iter_lines, one_line, open_output, read_chunks
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.output_lines import one_line
+    from tfm_cli.textio.streams import iter_lines, read_chunks
 
     tokenizer = load_tokenizer(model, side)
     name = "<stdin>" if input == "-" else input

@@ -32,7 +32,7 @@ def read_training_pairs(src: str, tgt: str, links: str) -> tuple[list, list]:
     """The (source words, target words) pairs and their (src, tgt) links, one per line of three
     line-parallel files; TfmError naming the file and line for a bad link or different line counts."""
     from tfm_cli.inference.alignment import parse_pharaoh
-    from tfm_cli.textio import iter_lines
+    from tfm_cli.textio.streams import iter_lines
 
     texts = [list(iter_lines(path)) for path in (src, tgt, links)]
     counts = [len(lines) for lines in texts]
@@ -93,10 +93,11 @@ def train_aligner(
     """
     import sys
 
-    from tfm_cli.checkpoint import loaded_model, read_checkpoint, write_checkpoint
+    from tfm_cli.checkpoints.format import loaded_model, read_checkpoint, write_checkpoint
     from tfm_cli.devices import resolve_device
     from tfm_cli.model.aligner import ALIGNER_PREFIX
-    from tfm_cli.textio import check_input_file, check_output_path, temp_file_beside
+    from tfm_cli.textio.atomic_files import temp_file_beside
+    from tfm_cli.textio.paths import check_input_file, check_output_path
     from tfm_cli.training.aligner_training import AlignerTrainingConfig, prepare_batches
     from tfm_cli.training.aligner_training import train_aligner as train
 

@@ -90,10 +90,12 @@ def translate(
     """
 
     from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoint import load_model
-    from tfm_cli.checkpoint_metadata import DECODE_DEFAULT_KEYS
+    from tfm_cli.checkpoints.format import load_model
+    from tfm_cli.config import CHECKPOINT_DECODE_KEYS
     from tfm_cli.inference.settings import resolve_decode
-    from tfm_cli.textio import check_input_file
+    from tfm_cli.textio.atomic_files import check_stdout_open
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.textio.streams import check_stdin_open
     from tfm_cli.inference.glossary import Glossary
     from tfm_cli.inference.sentence_splitting import SentenceSplitter
     from tfm_cli.inference.settings import resolve_alignment
@@ -106,10 +108,10 @@ def translate(
     apply_threads(ctx, threads)
     if input != "-":
         check_input_file(input)
-    elif sys.stdin is None:
-        raise TfmError("stdin is closed; give the input file with -i FILE")
-    if output == "-" and sys.stdout is None:
-        raise TfmError("stdout is closed; give an output file with -o FILE")
+    else:
+        check_stdin_open()
+    if output == "-":
+        check_stdout_open()
     if workers < 1:
         raise TfmError(f"--workers must be at least 1, got {workers}")
     flags = dict(
@@ -148,12 +150,12 @@ def translate(
         align.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
     prefix = ()
     if target_lang is not None:
-        from tfm_cli.vocabulary import language_tag_id
+        from tfm_cli.tokenization.vocabulary import language_tag_id
 
         prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
     if loaded.decode_defaults:
         shown = [
-            key for key in DECODE_DEFAULT_KEYS
+            key for key in CHECKPOINT_DECODE_KEYS
             if (key in flags or key in loaded.decode_defaults) and not (decode.sample and key == "beam_size")
         ]
         used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
@@ -174,7 +176,8 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
     stdout) in `output_format`, with a progress bar when asked or when the input is a file and stderr
     a terminal; then report on stderr."""
     from tfm_cli.inference.translation import TranslationStats, translate_stream
-    from tfm_cli.textio import DecodeStats, count_lines, iter_lines, open_output, thread_stdin
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.streams import DecodeStats, count_lines, iter_lines, thread_stdin
 
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.

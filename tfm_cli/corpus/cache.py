@@ -39,7 +39,8 @@ from tfm_cli.corpus.filters import FilterSettings, filter_ids, filter_text
 from tfm_cli.corpus.parallel_text import CHUNK_LINES, FileFingerprint, ReadReport, fingerprint, read_pairs
 from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import atomic_write_bytes, file_sha256, make_folder
+from tfm_cli.textio.atomic_files import atomic_write_bytes
+from tfm_cli.textio.paths import file_sha256, make_folder
 
 SYNC_CHECK_BYTES = 64 << 20  # text up to this size is hashed before its entry is used; larger, while training runs
 PROGRESS_SECONDS = 0.5

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file, resolved
+from tfm_cli.textio.paths import check_input_file, resolved
 
 CHUNK_LINES = 50_000  # pairs per chunk: a few MB of text, enough for sentencepiece's threads to share
 SAMPLE_BLOCKS = 64  # blocks hashed by a fingerprint, evenly spread from the first byte to the last

@@ -19,7 +19,7 @@ from tfm_cli.config import derive_seed
 from tfm_cli.corpus.tokenized import TokenizedCorpus, flatten
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import UNK_ID
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 
 CHUNK_ROWS = 100_000  # sentences turned into Python lists at a time
 EPOCHS_KEPT = 2  # sampled corpora kept in memory (the batcher counts epoch 0's updates once, at any epoch)

@@ -22,14 +22,14 @@ from tfm_cli.inference.alignment import (
     word_spans,
 )
 from tfm_cli.inference.symmetrization import intersection
-from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.model.attention import CrossAttention, SelfAttention
 from tfm_cli.inference.translation import BatchingConfig, search_batches
-from tfm_cli.textio import one_line
+from tfm_cli.textio.output_lines import one_line
 
 KINDS = ("cross", "encoder", "decoder")
 BOS_LABEL, EOS_LABEL = "<s>", "</s>"

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import INPUT_PAUSE_S, read_chunks
+from tfm_cli.textio.streams import INPUT_PAUSE_S, read_chunks
 
 if TYPE_CHECKING:
     import torch
 
     from tfm_cli.length_penalty import LengthPenalty
     from tfm_cli.model import Transformer
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
 NORMALIZATIONS = ("none", "length", "per-token")
 

@@ -28,7 +28,7 @@ def resolve_decode(given: dict[str, Any], model_defaults: dict[str, Any]) -> Dec
     """The DecodeConfig to decode with: each field from `given`, else `model_defaults`, else its default.
 
     given: DecodeConfig field -> the value of a flag, None = the user did not give it. A flag for a
-    field a checkpoint may carry (checkpoint_metadata.DECODE_DEFAULT_KEYS) must therefore default to None.
+    field a checkpoint may carry (config.CHECKPOINT_DECODE_KEYS) must therefore default to None.
     model_defaults: the checkpoint's decode_defaults (validated on load). Raises TfmError (from
     DecodeConfig) for settings that do not fit together, e.g. --nbest above the model's beam size.
     """

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import (
@@ -38,7 +38,8 @@ from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_ba
 from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.model import Transformer
-from tfm_cli.textio import INPUT_PAUSE_S, json_line, one_line, read_chunks
+from tfm_cli.textio.output_lines import json_line, one_line
+from tfm_cli.textio.streams import INPUT_PAUSE_S, read_chunks
 
 # How a warning about a truncated line ends when the line was not split into sentences.
 LONG_LINE_HINT = " (--split-sentences translates a line sentence by sentence)"

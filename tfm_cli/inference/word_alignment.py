@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import (
     AlignmentPair,
@@ -30,7 +30,8 @@ from tfm_cli.inference.alignment import (
 from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.symmetrization import SYMMETRIZATIONS, ordered
 from tfm_cli.inference.translation import BatchingConfig, bucketed_batches
-from tfm_cli.textio import json_line, read_chunks
+from tfm_cli.textio.output_lines import json_line
+from tfm_cli.textio.streams import read_chunks
 
 SEPARATOR = "|||"  # fast_align's input format: "source words ||| target words"
 WordPair = tuple[list[str], list[str]]

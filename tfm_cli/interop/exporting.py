@@ -29,13 +29,14 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from tfm_cli.checkpoint import Checkpoint
+from tfm_cli.checkpoints.format import Checkpoint
 from tfm_cli.config import DecodeConfig, ModelConfig, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.length_penalty import length_penalty_of
 from tfm_cli.interop.marian_names import MARIAN_ACTIVATION, TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.model.layers import sinusoidal_table
-from tfm_cli.textio import check_output_folder, creation_mode
+from tfm_cli.textio.atomic_files import creation_mode
+from tfm_cli.textio.paths import check_output_folder
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # MarianMT's LayerNorm epsilon is fixed
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "float16", "bfloat16")

@@ -16,14 +16,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from tfm_cli.checkpoint import Checkpoint, check_weights, read_header
+from tfm_cli.checkpoints.format import Checkpoint, check_weights, read_header
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.interop.marian_names import TFM_ACTIVATION, TFM_LENGTH_PENALTY_KIND, TFM_MAX_LEN, layer_modules
 from tfm_cli.length_penalty import KINDS
 from tfm_cli.model.layers import halves_sinusoidal_table
-from tfm_cli.textio import file_sha256
-from tfm_cli.tokenizer import load_sentencepiece
+from tfm_cli.textio.paths import file_sha256
+from tfm_cli.tokenization.tokenizer import load_sentencepiece
 
 CONFIG_FILE, GENERATION_FILE, WEIGHTS_FILE = "config.json", "generation_config.json", "model.safetensors"
 SRC_SPM, TGT_SPM, VOCAB_FILE, TGT_VOCAB_FILE = "source.spm", "target.spm", "vocab.json", "target_vocab.json"

@@ -17,7 +17,7 @@ from itertools import groupby
 
 import torch
 
-from tfm_cli.checkpoint import LoadedModel
+from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import TARGET_CONTEXT_HEADS, AlignmentConfig, check_seed
 from tfm_cli.corpus.batching import SpecialIds
 from tfm_cli.errors import TfmError

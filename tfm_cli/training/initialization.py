@@ -15,19 +15,19 @@ from typing import Any
 
 import torch
 
-from tfm_cli.checkpoint import checkpoint_tokenizers, model_with_weights, read_checkpoint
+from tfm_cli.checkpoints.format import checkpoint_tokenizers, model_with_weights, read_checkpoint
 from tfm_cli.config import ModelConfig, ModelShape, TokenizerConfig, check_type, config_from_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.recipe import Recipe, recipe_from_dict, recipe_values
-from tfm_cli.textio import as_regular_file, check_input_file, file_sha256
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.textio.paths import as_regular_file, check_input_file, file_sha256
+from tfm_cli.tokenization.tokenizer import Tokenizer
 from tfm_cli.training.run_dir import (
     LAST_CHECKPOINT,
     STATE_FILE,
     saved_init,
     saved_recipe,
 )
-from tfm_cli.vocabulary import MappedTokenizer
+from tfm_cli.tokenization.vocabulary import MappedTokenizer
 
 # Training-time settings that people change when fine-tuning; every other [model] key is the checkpoint's.
 OVERRIDABLE_MODEL_KEYS = ("dropout", "attention_dropout", "activation_dropout")

@@ -22,13 +22,10 @@ from tfm_cli.corpus.tokenized import TokenizedCorpus, count_tokens
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.recipe import Recipe
-from tfm_cli.textio import (
-    atomic_write_pair,
-    make_folder,
-    read_lines,
-    remove_stale_temp_files,
-)
-from tfm_cli.tokenizer import SentenceSample, Tokenizer, train_sentencepiece
+from tfm_cli.textio.atomic_files import atomic_write_pair, remove_stale_temp_files
+from tfm_cli.textio.paths import make_folder
+from tfm_cli.textio.streams import read_lines
+from tfm_cli.tokenization.tokenizer import SentenceSample, Tokenizer, train_sentencepiece
 from tfm_cli.training.events import DataEvent, Event, PhaseEvent, PrepareEvent
 from tfm_cli.training.guided_alignment import PieceTable, WordLinks, corpus_word_links
 from tfm_cli.training.initialization import InitModel

@@ -15,7 +15,8 @@ from typing import Any
 from tfm_cli.config import DataConfig, ModelShape, config_from_dict, config_to_dict
 from tfm_cli.errors import TfmError
 from tfm_cli.recipe import Recipe
-from tfm_cli.textio import atomic_write_bytes, file_in_the_way
+from tfm_cli.textio.atomic_files import atomic_write_bytes
+from tfm_cli.textio.paths import file_in_the_way
 
 STATE_FILE = "train_state.safetensors"
 CONFIG_FILE = "config.json"

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from tfm_cli import distributed
-from tfm_cli.checkpoint import model_weights
+from tfm_cli.checkpoints.format import model_weights
 from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer

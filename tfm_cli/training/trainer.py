@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tfm_cli import __version__, distributed
-from tfm_cli.checkpoint import encode_checkpoint, make_checkpoint, model_weights
+from tfm_cli.checkpoints.format import encode_checkpoint, make_checkpoint, model_weights
 from tfm_cli.config import AlignmentConfig, config_to_dict
 from tfm_cli.corpus.batching import Batch, EpochSampler, SpecialIds, collate
 from tfm_cli.corpus.sentence_concatenation import SentenceConcatenation
@@ -23,7 +23,7 @@ from tfm_cli.distributed import World
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, count_parameters
 from tfm_cli.recipe import Recipe
-from tfm_cli.textio import atomic_write_bytes
+from tfm_cli.textio.atomic_files import atomic_write_bytes
 from tfm_cli.training.events import (
     Event,
     LogEvent,
@@ -248,7 +248,7 @@ class Trainer:
     def checkpoint_bytes(self, weights: dict[str, torch.Tensor] | None = None,
                          extra_provenance: dict[str, Any] | None = None) -> bytes:
         """The current weights (or `weights`, by parameter name) as a self-contained checkpoint (see
-        tfm_cli.checkpoint), its provenance extended by `extra_provenance`.
+        tfm_cli.checkpoints.format), its provenance extended by `extra_provenance`.
 
         Its decoding defaults are the recipe's [decode] settings, over those of the --init checkpoint
         (an imported model's generation settings): the model decodes as tuned unless flags say otherwise.

@@ -18,7 +18,7 @@ from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.inference.translation import BatchingConfig, search_batches
 from tfm_cli.model import Transformer
 from tfm_cli.model.kernels import packed_weights
-from tfm_cli.tokenizer import Tokenizer
+from tfm_cli.tokenization.tokenizer import Tokenizer
 from tfm_cli.training.objective import batch_loss
 from tfm_cli.training.step import StepSettings, autocast
 

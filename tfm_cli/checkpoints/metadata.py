@@ -1,6 +1,6 @@
 """The JSON metadata of a checkpoint's safetensors header, read and validated before any tensor is.
 
-A checkpoint's metadata (see tfm_cli/checkpoint.py for the whole layout) holds the format name and
+A checkpoint's metadata (see tfm_cli/checkpoints/format.py for the whole layout) holds the format name and
 version, the model config, free-form provenance, and optionally the model's decoding defaults and
 alignment settings. Each reader here raises TfmError naming the file for anything damaged.
 """
@@ -11,17 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfm_cli.config import AlignmentConfig, DecodeConfig, ModelConfig, config_from_dict
+from tfm_cli.config import CHECKPOINT_DECODE_KEYS, AlignmentConfig, DecodeConfig, ModelConfig, config_from_dict
 from tfm_cli.errors import TfmError
 
 FORMAT_NAME = "tfm-checkpoint"
 FORMAT_VERSION = 1
-# The DecodeConfig fields a checkpoint may carry as its own decoding defaults (tfm translate uses them
-# unless a flag says otherwise).
-DECODE_DEFAULT_KEYS = (
-    "beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b", "banned_ids", "renormalize",
-    "forced_eos", "min_len",
-)
 
 
 def read_metadata(path: Path, header: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
@@ -87,11 +81,11 @@ def optional_json_object(path: Path, header: dict[str, Any], key: str) -> dict[s
 def read_decode_defaults(path: Path, header: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
     """The checkpoint's decoding defaults (metadata decode_defaults), validated; {} when it has none.
 
-    Raises TfmError naming the file for damaged JSON, a key outside DECODE_DEFAULT_KEYS, a value
+    Raises TfmError naming the file for damaged JSON, a key outside config.CHECKPOINT_DECODE_KEYS, a value
     DecodeConfig refuses, or a banned id outside the target vocabulary.
     """
     values = optional_json_object(path, header, "decode_defaults")
-    unknown = sorted(set(values) - set(DECODE_DEFAULT_KEYS))
+    unknown = sorted(set(values) - set(CHECKPOINT_DECODE_KEYS))
     if unknown:
         raise TfmError(f"{path}: bad decode_defaults in checkpoint: unknown key {unknown[0]!r}")
     try:

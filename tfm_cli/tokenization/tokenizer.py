@@ -19,14 +19,9 @@ import sentencepiece as spm
 from tfm_cli.config import TokenizerTrainConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tfm_cli.textio import (
-    DecodeStats,
-    atomic_write_pair,
-    check_input_file,
-    check_output_path,
-    iter_lines,
-    make_folder,
-)
+from tfm_cli.textio.atomic_files import atomic_write_pair
+from tfm_cli.textio.paths import check_input_file, check_output_path, make_folder
+from tfm_cli.textio.streams import DecodeStats, iter_lines
 
 # The sentences a tokenizer is trained on are sampled with this seed, so the same corpus and
 # settings give the same model every time (sentencepiece's own sampling is seeded at random).

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from tfm_cli.checkpoint_metadata import (
+from tfm_cli.checkpoints.metadata import (
     FORMAT_NAME,
     FORMAT_VERSION,
     read_alignment,
@@ -41,9 +41,10 @@ from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.aligner import ALIGNER_PREFIX, Aligner, aligner_shapes
 from tfm_cli.model.precision import convert_linear_layers
-from tfm_cli.textio import as_regular_file, atomic_write_bytes, check_input_file
-from tfm_cli.tokenizer import Tokenizer
-from tfm_cli.vocabulary import MappedTokenizer, decode_vocabulary, encode_vocabulary
+from tfm_cli.textio.atomic_files import atomic_write_bytes
+from tfm_cli.textio.paths import as_regular_file, check_input_file
+from tfm_cli.tokenization.tokenizer import Tokenizer
+from tfm_cli.tokenization.vocabulary import MappedTokenizer, decode_vocabulary, encode_vocabulary
 
 SRC_TOKENIZER_KEY = "tokenizer.src"
 TGT_TOKENIZER_KEY = "tokenizer.tgt"
@@ -68,7 +69,7 @@ class Checkpoint:
     # Piece tables (id -> piece) of tokenizers whose ids are not the sentencepiece model's (None: they are).
     src_vocab: tuple[str, ...] | None = None
     tgt_vocab: tuple[str, ...] | None = None
-    # DecodeConfig fields (DECODE_DEFAULT_KEYS) this model decodes with by default; {} = tfm's defaults.
+    # DecodeConfig fields (config.CHECKPOINT_DECODE_KEYS) this model decodes with by default; {} = tfm's defaults.
     decode_defaults: dict[str, Any] = field(default_factory=dict)
     # AlignmentConfig fields of the attention that aligns best (a guided run's head); {} = tfm's defaults.
     alignment: dict[str, Any] = field(default_factory=dict)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from tfm_cli.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from tfm_cli.checkpoints.format import Checkpoint, read_checkpoint, write_checkpoint
 from tfm_cli.errors import TfmError
-from tfm_cli.textio import check_input_file, check_output_path, file_sha256, resolved
+from tfm_cli.textio.paths import check_input_file, check_output_path, file_sha256, resolved
 from tfm_cli.training.run_dir import STEP_CHECKPOINT, step_checkpoints
 
 

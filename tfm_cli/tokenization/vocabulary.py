@@ -12,10 +12,10 @@ import re
 from typing import TYPE_CHECKING
 
 from tfm_cli.errors import TfmError
-from tfm_cli.tokenizer import load_sentencepiece
+from tfm_cli.tokenization.tokenizer import load_sentencepiece
 
 if TYPE_CHECKING:
-    from tfm_cli.tokenizer import Tokenizer
+    from tfm_cli.tokenization.tokenizer import Tokenizer
 
 # Marian's language tags: a source starting with `>>fr<<` asks a multilingual model for French.
 LANGUAGE_TAG = re.compile(r">>(.+)<<")
