@@ -335,6 +335,8 @@ MODULE_TIERS: dict[str, str] = {
     "test_search": "integration",
     "test_search_workers": "system",
     "test_search_scripted": "unit",
+    "test_serve": "system",
+    "test_serve_engine": "integration",
     "test_resegment": "unit",
     "test_sentence_splitting": "unit",
     "test_sentence_concatenation": "unit",

@@ -24,6 +24,7 @@ from tfm_cli.commands import (
     import_model,
     inspect_attention,
     score,
+    serve,
     tokenize,
     train,
     train_aligner,
@@ -176,6 +177,7 @@ app.command("train-aligner", epilog=train_aligner.EPILOG, cls=TfmCommand)(train_
 app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand)(inspect_attention.inspect_attention)
 app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
 app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)
+app.command("serve", epilog=serve.EPILOG, cls=TfmCommand)(serve.serve)
 app.add_typer(cache.app, name="cache")
 
 

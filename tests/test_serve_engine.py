@@ -1,0 +1,80 @@
+"""The serving engine's dynamic batching (tfm_cli/serving/engine.py), in-process on a tiny model: requests
+queued together share one translate_chunk per distinct settings, each gets its own lines in order and the
+same records as when translated alone; the token budget, a full queue and a cancelled request."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfm_cli.checkpoints.format import load_model
+from tfm_cli.inference.translation import TranslationStats, Translator, json_record
+from tfm_cli.serving.engine import Engine, QueueFull, RequestSettings
+
+
+@pytest.fixture
+def counted_chunks(monkeypatch):
+    """The lines of every Translator.translate_chunk call, in order."""
+    calls: list[list[str]] = []
+    original = Translator.translate_chunk
+
+    def counting(self, lines, first_index, stats):
+        calls.append(list(lines))
+        return original(self, lines, first_index, stats)
+
+    monkeypatch.setattr(Translator, "translate_chunk", counting)
+    return calls
+
+
+def test_queued_requests_share_a_chunk_per_settings_and_each_gets_what_it_would_alone(random_checkpoint, counted_chunks, one_torch_thread):
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_wait_s=0.0)
+    requests = [
+        (RequestSettings(alignment=True), ["the dog sees a cat", ""]),
+        (RequestSettings(alignment=True, nbest=2), ["my cat"]),
+        (RequestSettings(alignment=True), ["a big dog", "the cat", "two dogs"]),
+    ]
+    futures = [engine.submit(settings, lines) for settings, lines in requests]  # queued before the thread runs
+    engine.start()
+    answers = [future.result(60) for future in futures]
+    engine.stop()
+    # One round: the two requests with the same settings in one chunk, in order of arrival.
+    assert counted_chunks == [["the dog sees a cat", "", "a big dog", "the cat", "two dogs"], ["my cat"]]
+    for (settings, lines), answer in zip(requests, answers):
+        alone = engine.translator(settings).translate_chunk(lines, 0, TranslationStats())
+        assert [json_record(line, answer.output_format) for line in answer.lines] == [
+            json_record(line, answer.output_format) for line in alone
+        ]
+        assert [line.source for line in answer.lines] == lines
+
+
+def test_the_token_budget_leaves_the_rest_for_the_next_round(random_checkpoint, counted_chunks, one_torch_thread):
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_tokens=10, max_wait_s=0.0)
+    lines = ["the dog sees a big cat and my two dogs", "a cat", "the dog"]  # 10, 2 and 2 approximate tokens
+    futures = [engine.submit(RequestSettings(), [line]) for line in lines]
+    engine.start()
+    assert [future.result(60).lines[0].source for future in futures] == lines
+    engine.stop()
+    assert counted_chunks == [[lines[0]], lines[1:]]
+
+
+def test_a_full_queue_refuses_at_once_and_a_cancelled_request_is_not_translated(random_checkpoint, counted_chunks):
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, queue_size=2, max_wait_s=0.0)
+    gone = engine.submit(RequestSettings(), ["a client that went away"])
+    kept = engine.submit(RequestSettings(), ["the dog"])
+    with pytest.raises(QueueFull):
+        engine.submit(RequestSettings(), ["one too many"])
+    assert gone.cancel()
+    engine.start()
+    assert [line.source for line in kept.result(60).lines] == ["the dog"]
+    engine.stop()
+    assert counted_chunks == [["the dog"]]
+
+
+def test_settings_the_library_refuses_fail_that_request_only(random_checkpoint):
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_wait_s=0.0)
+    missing = engine.submit(RequestSettings(glossary_id="deleted"), ["the dog"])
+    fine = engine.submit(RequestSettings(), ["the dog"])
+    engine.start()
+    with pytest.raises(Exception, match="glossary_id: no glossary 'deleted'"):
+        missing.result(60)
+    assert fine.result(60).lines[0].outputs
+    engine.stop()

@@ -1,0 +1,161 @@
+"""`tfm serve`: models kept loaded behind the DeepL v2, LibreTranslate and tfm HTTP APIs (the `serve` extra)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tfm_cli.commands.options import apply_threads, device_option, dtype_option, resolve_dtype, threads_option
+from tfm_cli.console import print_info
+from tfm_cli.errors import TfmError
+
+MISSING_EXTRA = "tfm serve needs Starlette and uvicorn: pip install 'tfm-cli[serve]'"
+EPILOG = (
+    "Examples:\n\n"
+    "  tfm serve -m de-en=runs/de-en/checkpoint_best.safetensors\n\n"
+    "  tfm serve -m de-en=de-en.safetensors -m en-de=en-de.safetensors --api-keys keys.txt --port 8080\n\n"
+    "  curl -s localhost:8000/v2/translate -d text='Ein Hund rennt.' -d target_lang=EN-US\n\n"
+    "Endpoints: DeepL API v2 (/v2/translate, /v2/languages, /v2/usage, /v2/glossaries), LibreTranslate "
+    "(/translate, /languages), /tfm/translate (the records of `tfm translate --json`) and /health. "
+    "SIGTERM stops accepting, answers the requests in flight, and exits 0."
+)
+
+
+def default_data_dir() -> Path:
+    """Where glossaries are kept without --data-dir: $XDG_DATA_HOME/tfm/serve, else ~/.local/share/tfm/serve."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "tfm" / "serve"
+
+
+def serve(
+    ctx: typer.Context,
+    model: list[str] = typer.Option(..., "-m", "--model", help="A model as its language pair and checkpoint, e.g. de-en=model.safetensors; repeat for more pairs."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default; 0.0.0.0 listens on every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
+    api_keys: Optional[str] = typer.Option(None, "--api-keys", help="A file of API keys, one per line: every request but /health must carry one (else 403)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Folder of the glossary database (default: $XDG_DATA_HOME/tfm/serve, else ~/.local/share/tfm/serve)."),
+    max_texts: int = typer.Option(50, "--max-texts", help="Texts per request at most (DeepL's limit)."),
+    max_chars: int = typer.Option(30_000, "--max-chars", help="Characters per request at most, all texts together."),
+    max_body_kib: int = typer.Option(128, "--max-body-kib", help="Request body size limit in KiB (DeepL's: 128); larger bodies get 413."),
+    queue_size: int = typer.Option(64, "--queue-size", help="Requests waiting per model at most; beyond, 503 (429 on DeepL's routes) at once."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a model's engine waits for more requests to batch with the first one."),
+    max_tokens: int = typer.Option(8000, "--max-tokens", help="Approximate source tokens the engine gathers into one round of batches."),
+    device: str = device_option(),
+    dtype: str = dtype_option(),
+    threads: int = threads_option(),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or other messages on stderr (errors still show)."),
+) -> None:
+    """Serve models over HTTP: the DeepL v2 and LibreTranslate APIs, and tfm's own with alignments and scores.
+
+    Requests from many clients are translated together (dynamic batching); each answer equals what
+    `tfm translate` gives for the same lines and settings.
+    """
+    import importlib.util
+
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise TfmError(MISSING_EXTRA) from None
+    # python-multipart (form bodies) is imported by Starlette when a form arrives: found, not imported, here.
+    if importlib.util.find_spec("python_multipart") is None and importlib.util.find_spec("multipart") is None:
+        raise TfmError(MISSING_EXTRA)
+    from tfm_cli.serving.glossaries import GlossaryStore
+    from tfm_cli.serving.models import check_distinct_pairs, parse_model_spec
+    from tfm_cli.serving.requests import Limits, read_keys
+
+    specs = [parse_model_spec(value) for value in model]
+    check_distinct_pairs(specs)
+    for name, value in (("--max-texts", max_texts), ("--max-chars", max_chars), ("--max-body-kib", max_body_kib),
+                        ("--queue-size", queue_size), ("--max-tokens", max_tokens)):
+        if value < 1:
+            raise TfmError(f"{name} must be at least 1, got {value}")
+    if batch_wait_ms < 0:
+        raise TfmError(f"--batch-wait-ms must be 0 or more, got {batch_wait_ms}")
+    keys = read_keys(api_keys) if api_keys is not None else None
+    limits = Limits(max_body_bytes=max_body_kib * 1024, max_texts=max_texts, max_chars=max_chars)
+    store = GlossaryStore(Path(data_dir) if data_dir is not None else default_data_dir())
+    sock = listening_socket(host, port)  # before the slow part: a busy port is said at once
+    apply_threads(ctx, threads)
+    try:
+        service = load_service(specs, store, keys, limits, device, dtype, threads, queue_size, batch_wait_ms, max_tokens, quiet)
+        run_server(uvicorn, service, sock, host, quiet)
+    finally:
+        sock.close()
+        store.close()
+
+
+def listening_socket(host: str, port: int):
+    """A TCP socket bound to (host, port), for uvicorn to listen on; TfmError when the address cannot be had."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise TfmError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:
+        raise TfmError(f"--host {host}: {error.strerror or error}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise TfmError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def load_service(specs, store, keys, limits, device, dtype, threads, queue_size, batch_wait_ms, max_tokens, quiet):
+    """Load every model and start its engine; the Service the routes share."""
+    from tfm_cli.allocator import keep_freed_memory
+    from tfm_cli.checkpoints.format import load_model
+    from tfm_cli.devices import resolve_device
+    from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
+    from tfm_cli.serving.engine import Engine
+
+    keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
+    target_device = resolve_device(device)
+    precision = resolve_dtype(dtype, target_device, quiet)
+    models = []
+    for spec in specs:
+        loaded = load_model(spec.path, device=target_device, dtype=precision)
+        engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=queue_size, max_tokens=max_tokens,
+                        max_wait_s=batch_wait_ms / 1000, threads=threads)
+        models.append(ServedModel(spec, engine))
+        print_info(f"loaded {spec.pair}: {spec.path}", quiet=quiet)
+    log = (lambda line: None) if quiet else (lambda line: print_info(line))
+    return Service(models, store, keys, limits, log)
+
+
+def run_server(uvicorn, service, sock, host: str, quiet: bool) -> None:
+    """Serve until SIGTERM or Ctrl-C: uvicorn stops accepting, finishes the requests in flight, then the
+    engines answer what is queued and stop. SIGTERM then returns normally (exit 0, what supervisors
+    expect); Ctrl-C exits 130 as every command does."""
+    import signal
+
+    from tfm_cli.serving.app import build_app
+
+    for served in service.models:
+        served.engine.start()
+    config = uvicorn.Config(
+        build_app(service), log_config=None, log_level="warning", access_log=False, lifespan="off",
+        server_header=False, timeout_graceful_shutdown=None,
+    )
+    server = uvicorn.Server(config)
+    bound_port = sock.getsockname()[1]
+    shown_host = f"[{host}]" if ":" in host else host
+    keys = f"{len(service.keys)} API key(s)" if service.keys is not None else "no API keys"
+    print_info(f"listening on http://{shown_host}:{bound_port} ({keys}; glossaries in {service.glossaries.path})", quiet=quiet)
+    # uvicorn raises the signal it stopped for again once it has shut down: SIGTERM is then ignored here
+    # (the command ends normally), where tfm's own handler would make it exit 143.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for served in service.models:
+            served.engine.stop()
+        signal.signal(signal.SIGTERM, previous)
+    print_info("stopped: every accepted request was answered", quiet=quiet)
