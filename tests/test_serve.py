@@ -1,6 +1,7 @@
 """`tfm serve` as a real process: the official `deepl` and `libretranslatepy` clients against it, their
 results equal to `tfm translate`'s on the same model and settings, tfm's own endpoint, keys, limits and
-bad input, a full queue, a glossary across a restart, and SIGTERM with a request in flight.
+bad input, a full queue, a glossary across a restart, SIGTERM with a request in flight, and the web page at `/`
+(served without a key; bench/serve_page.py drives it in a headless browser).
 
 One server serves the whole module (the same checkpoint as en-de and as de-en, so DeepL's EN-US has a
 model); the last test stops it with SIGTERM and starts a second on the same data folder.
@@ -8,6 +9,7 @@ model); the last test stops it with SIGTERM and starts a second on the same data
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -266,6 +268,30 @@ def test_a_missing_or_wrong_key_gets_403_and_no_translation(server, method, path
         deepl.Translator("wrong-key", server_url=server.url).translate_text("a dog", target_lang="DE")
 
 
+def test_the_web_page_is_served_without_a_key_and_calls_only_routes_that_exist(server):
+    import re
+
+    with urllib.request.urlopen(f"{server.url}/", timeout=10) as response:  # no key: the page holds no data
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        policy = response.headers["Content-Security-Policy"]
+        page = response.read().decode("utf-8")
+    shipped = Path(__file__).parent.parent / "tfm_cli" / "serving" / "static" / "index.html"
+    assert page == shipped.read_text(encoding="utf-8")
+    # Only the page's own inline blocks may run, by hash; never an injected one.
+    assert "script-src 'sha256-" in policy and "unsafe-inline" not in policy and "connect-src 'self'" in policy
+    # Text goes in as text: none of the ways to put a string into the page as HTML or code.
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in page, sink
+    paths = set(re.findall(r"""["'](/[^"'\s]*)["']""", page))
+    assert paths == {"/health", "/tfm/translate"}
+    assert all(call.startswith("fetch(ROUTES.") for call in re.findall(r"fetch\([^,)]*", page))
+    for path in paths:  # each exists: any answer but 404 (/tfm/translate answers GET with 405)
+        assert call(server, "GET", path)[0] != 404, path
+    status, health = call(server, "GET", "/health", key=None)
+    assert status == 200 and health["api_key_required"] is True  # so the page asks for the key
+
+
 @pytest.mark.parametrize("fields, body, content_type, status, message", [
     (None, b"{" + b" " * 140_000 + b"}", "application/json", 413, "over the limit"),
     ({"text": ["a dog"] * 51, "target_lang": "DE"}, None, None, 400, "text holds 51 texts"),
@@ -365,7 +391,15 @@ def test_sigterm_answers_the_request_in_flight_exits_0_and_a_restart_keeps_the_g
     answer: dict[str, object] = {}
 
     def send() -> None:
-        answer["result"] = call(server, "POST", "/v2/translate", {"text": texts, "target_lang": "DE", "split_sentences": "0"})
+        # http.client keeps the connection alive (urllib asks for Connection: close itself): the answer
+        # must then say Connection: close, or a keep-alive client sends its next request into a closing socket.
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        body = json.dumps({"text": texts, "target_lang": "DE", "split_sentences": "0"})
+        connection.request("POST", "/v2/translate", body, {"Authorization": f"DeepL-Auth-Key {KEY}", "Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer["result"] = (response.status, json.loads(response.read()))
+        answer["connection"] = response.getheader("Connection")
+        connection.close()
 
     thread = threading.Thread(target=send)
     thread.start()
@@ -378,6 +412,7 @@ def test_sigterm_answers_the_request_in_flight_exits_0_and_a_restart_keeps_the_g
     status, body = answer["result"]
     assert status == 200, body
     assert [t["text"] for t in body["translations"]] == cli_lines(model, texts)
+    assert answer["connection"] == "close"
     assert server.process.wait(30) == 0, server.stderr()
     log = server.stderr()
     assert "Traceback" not in log and "stopped: every accepted request was answered" in log

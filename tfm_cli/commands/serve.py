@@ -145,6 +145,7 @@ def run_server(uvicorn, service, sock, host: str, quiet: bool) -> None:
         server_header=False, timeout_graceful_shutdown=None,
     )
     server = uvicorn.Server(config)
+    service.stopping = lambda: server.should_exit  # answers in flight at shutdown then say Connection: close
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host
     keys = f"{len(service.keys)} API key(s)" if service.keys is not None else "no API keys"

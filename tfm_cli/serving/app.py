@@ -1,4 +1,5 @@
-"""The HTTP routes of `tfm serve` (Starlette): DeepL API v2, LibreTranslate, tfm's own `/tfm/translate`, `/health`.
+"""The HTTP routes of `tfm serve` (Starlette): DeepL API v2, LibreTranslate, tfm's own `/tfm/translate`, `/health`,
+and the web page at `/` (page.py).
 
 Each route reads its fields (requests.py), maps them onto the library's options (DeepL's tag_handling
 and LibreTranslate's format=html -> markup, split_sentences -> the sentence splitter, glossary_id -> a
@@ -29,6 +30,7 @@ from tfm_cli.inference.translation import json_record
 from tfm_cli.serving.engine import Answer, Engine, QueueFull, RequestSettings
 from tfm_cli.serving.glossaries import GlossaryStore, as_glossary, entries_tsv, parse_entries
 from tfm_cli.serving.models import DEEPL_TARGET_VARIANTS, LanguageError, ModelSpec, choose_model, language_name
+from tfm_cli.serving.page import page_route
 from tfm_cli.serving.requests import (
     ClientError,
     Fields,
@@ -79,6 +81,10 @@ class Service:
     limits: Limits = field(default_factory=Limits)
     log: Callable[[str], None] = lambda line: None
     characters: int = 0  # characters translated since the start (/v2/usage)
+    # Whether the server is shutting down (the command sets it to ask uvicorn): answers then say
+    # `Connection: close`, so a keep-alive client opens a new connection (refused) instead of sending
+    # its next request on one the server is about to close (RFC 9112 section 9.6).
+    stopping: Callable[[], bool] = lambda: False
 
     def model(self, source: str | None, target: str | None, source_field: str, target_field: str) -> ServedModel:
         try:
@@ -389,7 +395,11 @@ def constrained_lines(fields: Fields, texts: list[str], listed: bool, split: boo
 async def health(request: Request) -> Response:
     """GET /health: 200 once the models are loaded (they are before the server listens); never needs a key."""
     service: Service = request.app.state.service
-    return JSONResponse({"status": "ok", "models": [{"source": m.source, "target": m.target} for m in service.models]})
+    return JSONResponse({
+        "status": "ok",
+        "models": [{"source": m.source, "target": m.target} for m in service.models],
+        "api_key_required": service.keys is not None,  # the web page asks for a key when it is
+    })
 
 
 def loggable(path: str) -> str:
@@ -400,11 +410,13 @@ def loggable(path: str) -> str:
 
 class RequestLog:
     """ASGI middleware: one log line per request (client, method, path, status, milliseconds); never the
-    query string, which may hold a key."""
+    query string, which may hold a key. Once `stopping()`, each answer carries `Connection: close`
+    (uvicorn's h11 protocol closes the connection after an answer in flight at shutdown without saying so)."""
 
-    def __init__(self, app: Any, log: Callable[[str], None]) -> None:
+    def __init__(self, app: Any, log: Callable[[str], None], stopping: Callable[[], bool] = lambda: False) -> None:
         self.app = app
         self.log = log
+        self.stopping = stopping
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -415,6 +427,8 @@ class RequestLog:
         async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if self.stopping():
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         try:
@@ -441,6 +455,7 @@ def build_app(service: Service) -> Any:
 
     both = ["GET", "POST"]
     routes = [
+        Route("/", page_route(), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         route("/v2/translate", deepl_translate, DEEPL, ["POST"]),
         route("/v2/languages", deepl_languages, DEEPL, both),
@@ -455,7 +470,7 @@ def build_app(service: Service) -> Any:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.service = service
-    return RequestLog(app, service.log)
+    return RequestLog(app, service.log, lambda: service.stopping())
 
 
 def glossary_lookup(store: GlossaryStore) -> Callable[[str], Any]:
