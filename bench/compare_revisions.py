@@ -151,9 +151,10 @@ def main() -> None:
                     after = run_tfm(trees["after"], arguments)
                     same = before == after
                     differing += not same
-                    rows.append((model.name, name, before[0], after[0], len(after[1]), digest(before[1]),
+                    label = f"{model.parent.name}/{model.name}"  # runs/NAME/average.safetensors: the run says which
+                    rows.append((label, name, before[0], after[0], len(after[1]), digest(before[1]),
                                  digest(after[1]), "yes" if same else "NO"))
-                    print(f"{model.name}  {name}: {'identical' if same else 'DIFFERENT'}", file=sys.stderr, flush=True)
+                    print(f"{label}  {name}: {'identical' if same else 'DIFFERENT'}", file=sys.stderr, flush=True)
         finally:
             for label, tree in trees.items():
                 if tree != REPO:
