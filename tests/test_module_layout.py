@@ -94,3 +94,39 @@ def test_the_top_level_holds_few_modules_besides_the_packages():
     # newcomer finds it by its folder.
     modules = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+
+
+MAX_COMMAND_FUNCTION_LINES = 60  # commands are thin adapters: options in, a few library calls, results out
+
+
+def function_body_lengths(source: str) -> list[tuple[str, int, int]]:
+    """(name, line, body length) of every function in `source`: the lines from the first statement after
+    the docstring to the last, so the signature (a Typer command's options) and the docstring do not count."""
+    lengths = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                body = body[1:]
+            if body:
+                lengths.append((node.name, node.lineno, body[-1].end_lineno - body[0].lineno + 1))
+    return lengths
+
+
+def test_function_body_lengths_are_measured_after_the_signature_and_docstring():
+    statements = "".join(f"    x{i} = {i}\n" for i in range(MAX_COMMAND_FUNCTION_LINES + 1))
+    long = f'def long(\n    a: int = 1,\n    b: int = 2,\n) -> None:\n    """Docstring.\n\n    More.\n    """\n{statements}'
+    others = 'def short():\n    """Only a docstring."""\n\n\ndef nested():\n    def inner():\n        return 1\n\n    return inner\n'
+    lengths = [(name, length) for name, _, length in function_body_lengths(long + "\n\n" + others)]
+    assert lengths == [("long", MAX_COMMAND_FUNCTION_LINES + 1), ("nested", 4), ("inner", 1)]
+
+
+def test_no_command_function_is_longer_than_the_limit():
+    # A longer body is a command doing the library's work, or several jobs that want names of their own.
+    offenders = [
+        f"{path.name}:{line} {name} has a {length}-line body"
+        for path in sorted((PACKAGE / "commands").glob("*.py"))
+        for name, line, length in function_body_lengths(path.read_text(encoding="utf-8"))
+        if length > MAX_COMMAND_FUNCTION_LINES
+    ]
+    assert not offenders, f"over {MAX_COMMAND_FUNCTION_LINES} lines: {offenders}"

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import sys
-from typing import Optional
+import functools
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Optional
 
 import typer
 
-from tfm_cli.commands.options import (
-    align_head_option,
-    align_layer_option,
-    align_null_option,
-    align_shift_option,
-    apply_threads,
-    device_option,
-    dtype_option,
-    parse_head,
-    resolve_dtype,
-    threads_option,
-)
-from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import align_head_option, align_layer_option, align_null_option, align_shift_option
+from tfm_cli.commands.options import device_option, dtype_option, threads_option
+from tfm_cli.console import print_info, print_warning
 from tfm_cli.errors import TfmError
+
+if TYPE_CHECKING:
+    from tfm_cli.inference.translation import BatchingConfig
+    from tfm_cli.inference.word_alignment import AlignedPair, AlignStats, WordAligner, WordPair
+    from tfm_cli.textio.streams import DecodeStats
 
 EPILOG = (
     "Examples:\n\n"
@@ -57,7 +54,7 @@ def align(
     device: str = device_option(),
     dtype: str = dtype_option(),
     threads: int = threads_option(),
-    progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
+    progress: bool = model_runs.progress_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
     """Word-align given sentence pairs with a model's cross-attention: one Pharaoh line per pair.
@@ -65,18 +62,39 @@ def align(
     Each whitespace word is encoded on its own, so word k owns known pieces; a target word links to
     the source word its pieces attend to most (source pieces summed, target pieces averaged).
     """
+    from tfm_cli.inference.translation import BatchingConfig
+    from tfm_cli.inference.word_alignment import AlignStats, PairAligner, align_stream
     from tfm_cli.textio.atomic_files import open_output
-    from tfm_cli.textio.paths import check_input_file
-    from tfm_cli.textio.streams import (
-        DecodeStats,
-        check_parallel_line_counts,
-        check_stdin_open,
-        count_lines,
-        iter_lines,
-        thread_stdin,
-        zip_parallel,
-    )
+    from tfm_cli.textio.streams import DecodeStats
 
+    symmetrize, input = check_pairing_options(src, tgt, input, reverse_model, symmetrize)
+    check_inputs(src, tgt, input)
+    flags = model_runs.alignment_flags(align_layer, align_head, align_shift, align_null)
+    model_runs.set_up_process(ctx, threads)
+    batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
+    placement = model_runs.resolve_placement(device, dtype, quiet)
+    aligners = [word_aligner(path, placement, flags, batching) for path in (model, reverse_model) if path is not None]
+    aligner = PairAligner(aligners[0], aligners[1] if len(aligners) > 1 else None, symmetrize, keep_matrices=as_json)
+
+    # One DecodeStats per input, so a repaired line's warning names its file (--src and --tgt may both have one).
+    inputs = [(path, DecodeStats()) for path in ((src, tgt) if src is not None else (input,))]
+    items = sentence_pairs(inputs)
+    uses_stdin = "-" in (src, tgt, input)
+    model_runs.hint_stdin("sentence pairs", uses_stdin, quiet)
+    shown = model_runs.shows_progress(progress, quiet, reads_files=not uses_stdin)
+    stats = AlignStats()
+    with open_output(output) as out:
+        chunks = align_stream(aligner, items, batching, stats)
+        write = functools.partial(write_aligned, out, as_json=as_json, symmetrize=symmetrize)
+        model_runs.write_with_progress(chunks, write, shown, "aligning", inputs[0][0])
+    report_alignment(inputs, stats, quiet)
+
+
+def check_pairing_options(
+    src: str | None, tgt: str | None, input: str | None, reverse_model: str | None, symmetrize: str | None
+) -> tuple[str | None, str | None]:
+    """The symmetrization (the default one with a reverse model) and the `-i` input (stdin when no
+    input is named) the options ask for; TfmError for options that do not go together."""
     if symmetrize is not None and reverse_model is None:
         raise TfmError("--symmetrize combines two directions: give the target->source model with --reverse-model")
     if reverse_model is not None:
@@ -89,95 +107,74 @@ def align(
         raise TfmError("give either --src/--tgt or -i 'source ||| target' lines, not both")
     if src is not None and src == tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
-    input = "-" if input is None and src is None else input
+    return symmetrize, "-" if input is None and src is None else input
+
+
+def check_inputs(src: str | None, tgt: str | None, input: str | None) -> None:
+    """Raise TfmError unless the input files can be read, --src and --tgt have as many lines, and stdin
+    (if read) is open."""
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.textio.streams import check_parallel_line_counts, check_stdin_open
+
     for path in (src, tgt, input):
         if path not in (None, "-"):
             check_input_file(path)
     if src is not None:
         check_parallel_line_counts(src, tgt)
-    uses_stdin = "-" in (src, tgt, input)
-    if uses_stdin:
+    if "-" in (src, tgt, input):
         check_stdin_open("give the input files with --src/--tgt or -i FILE")
-    head_index = parse_head(align_head, "--align-head") if align_head is not None else None
 
-    from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoints.format import load_model
-    from tfm_cli.devices import resolve_device
-    from tfm_cli.inference.settings import resolve_alignment
-    from tfm_cli.inference.translation import BatchingConfig
-    from tfm_cli.inference.word_alignment import (
-        AlignStats,
-        PairAligner,
-        WordAligner,
-        align_stream,
-        format_aligned,
-        split_pair,
-    )
 
-    keep_freed_memory()
-    apply_threads(ctx, threads)
-    batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
-    target_device = resolve_device(device)
-    inference_dtype = resolve_dtype(dtype, target_device, quiet)
-    aligners = []
-    for path in (model, reverse_model):
-        if path is None:
-            continue
-        loaded = load_model(path, device=target_device, dtype=inference_dtype)
-        settings = resolve_alignment(loaded.alignment, align_layer, align_head is not None, head_index, align_shift, align_null)
-        settings.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
-        aligners.append(WordAligner(loaded, settings, batching))
-    aligner = PairAligner(aligners[0], aligners[1] if len(aligners) > 1 else None, symmetrize, keep_matrices=as_json)
+def word_aligner(
+    path: str, placement: model_runs.Placement, flags: model_runs.AlignmentFlags, batching: BatchingConfig
+) -> WordAligner:
+    """The WordAligner of the checkpoint at `path`, with its alignment settings under the --align-* flags."""
+    from tfm_cli.inference.word_alignment import WordAligner
 
-    # One DecodeStats per input, so a repaired line's warning names its file (--src and --tgt may both have one).
-    inputs = [(path, DecodeStats()) for path in ((src, tgt) if src is not None else (input,))]
-    names = ["<stdin>" if path == "-" else path for path, _ in inputs]
-    stats = AlignStats()
+    loaded = model_runs.load_placed_model(path, placement)
+    return WordAligner(loaded, model_runs.checked_alignment(loaded, flags), batching)
 
-    def lines(path: str, decode_stats: DecodeStats):
+
+def sentence_pairs(inputs: list[tuple[str, DecodeStats]]) -> Iterator[WordPair | None]:
+    """The (source words, target words) of each line, read lazily from the (path, DecodeStats) `inputs`:
+    line-parallel --src and --tgt, or one input of 'source ||| target' lines."""
+    from tfm_cli.inference.word_alignment import split_pair
+    from tfm_cli.textio.streams import iter_lines, thread_stdin, zip_parallel
+
+    def lines(path: str, decode_stats: DecodeStats) -> Iterator[str]:
         # Lines are read in a thread (textio.read_chunks), which must not touch sys.stdin.buffer.
         return iter_lines(path, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if path == "-" else None)
 
-    if src is not None:
-        items = ((s.split(), t.split()) for s, t in zip_parallel(lines(*inputs[0]), lines(*inputs[1]), *names))
-    else:
-        items = (split_pair(line) for line in lines(*inputs[0]))
-    if uses_stdin and sys.stdin.isatty():
-        print_info("reading sentence pairs from stdin (Ctrl-D to end)", quiet=quiet)
-    show_progress = not quiet and (progress or (not uses_stdin and sys.stderr.isatty()))
+    if len(inputs) == 1:
+        return (split_pair(line) for line in lines(*inputs[0]))
+    sources, targets = (lines(path, decode_stats) for path, decode_stats in inputs)
+    return ((s.split(), t.split()) for s, t in zip_parallel(sources, targets, *input_names(inputs)))
 
-    def write(out, chunk) -> None:
-        for line in chunk:
-            if line.too_long:
-                long = line.too_long
-                print_warning(
-                    f"line {line.index + 1}: {long.src_pieces} source and {long.tgt_pieces} target pieces, the model "
-                    f"takes at most {long.most} a side: its alignment line is empty"
-                )
-        out.write("".join(format_aligned(line, as_json, symmetrize) + "\n" for line in chunk))
-        out.flush()
 
-    with open_output(output) as out:
-        chunks = align_stream(aligner, items, batching, stats)
-        if not show_progress:
-            for chunk in chunks:
-                write(out, chunk)
-        else:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
+def input_names(inputs: list[tuple[str, DecodeStats]]) -> list[str]:
+    """How messages name each (path, DecodeStats) input: `<stdin>` for `-`."""
+    return ["<stdin>" if path == "-" else path for path, _ in inputs]
+
+
+def write_aligned(out: IO[str], chunk: list[AlignedPair], as_json: bool, symmetrize: str | None) -> None:
+    """Write a chunk's alignment lines and flush, warning first of each pair too long for the model."""
+    from tfm_cli.inference.word_alignment import format_aligned
+
+    for line in chunk:
+        if line.too_long:
+            long = line.too_long
+            print_warning(
+                f"line {line.index + 1}: {long.src_pieces} source and {long.tgt_pieces} target pieces, the model "
+                f"takes at most {long.most} a side: its alignment line is empty"
             )
+    out.write("".join(format_aligned(line, as_json, symmetrize) + "\n" for line in chunk))
+    out.flush()
 
-            columns = (TextColumn("aligning"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-            with Progress(*columns, console=stderr_console(), transient=True) as bar:
-                task = bar.add_task("align", total=count_lines(src if src is not None else input))
-                for chunk in chunks:
-                    write(out, chunk)
-                    bar.advance(task, len(chunk))
-    for name, (_, decode_stats) in zip(names, inputs):
+
+def report_alignment(inputs: list[tuple[str, DecodeStats]], stats: AlignStats, quiet: bool) -> None:
+    """Say on stderr what the inputs held that could not be aligned (invalid UTF-8, malformed lines) and
+    how many pairs were aligned, how fast."""
+    for name, (_, decode_stats) in zip(input_names(inputs), inputs):
         if decode_stats.invalid_utf8_lines:
             print_warning(f"{name}: {decode_stats.invalid_utf8_warning()}")
     if stats.malformed_lines:

@@ -11,14 +11,8 @@ from typing import IO, TYPE_CHECKING, Any, Optional
 
 import typer
 
-from tfm_cli.commands.options import (
-    apply_threads,
-    device_option,
-    dtype_option,
-    parse_head,
-    resolve_dtype,
-    threads_option,
-)
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import device_option, dtype_option, threads_option
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
 from tfm_cli.errors import TfmError
@@ -29,7 +23,7 @@ from tfm_cli.textio.output_lines import json_line
 if TYPE_CHECKING:
     from tfm_cli.checkpoints.format import LoadedModel
     from tfm_cli.config import DecodeConfig
-    from tfm_cli.inference.inspection import Example
+    from tfm_cli.inference.inspection import AttentionView, Example
 
 EPILOG = (
     "Examples:\n\n"
@@ -75,78 +69,90 @@ def inspect_attention(
     output_format = "json" if as_json else output_format
     if output_format not in FORMATS:
         raise TfmError(f"--format must be one of {', '.join(FORMATS)}, got {output_format!r}")
-    head_index = parse_head(head, "--head") if head is not None else None
+    flags = model_runs.alignment_flags(layer, head, shift, null, head_option="--head")
+    check_sentence_options(sentence, dims, png, walkthrough)
+    if seed_example:
+        show_seed_example(model, sentence, walkthrough, output, output_format, dims)
+        return
+    if model is None:
+        raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
+
+    from tfm_cli.inference.inspection import example_view
+    from tfm_cli.inference.settings import resolve_decode
+
+    model_runs.set_up_process(ctx, threads)
+    pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
+    placement = model_runs.resolve_placement(device, dtype, quiet)
+    loaded = model_runs.load_placed_model(model, placement)
+    decode = resolve_decode({"beam_size": beam}, loaded.decode_defaults)  # what translate decodes with
+    if beam is None and "beam_size" in loaded.decode_defaults and target is None and target_file is None:
+        print_info(f"translating with beam_size {decode.beam_size} (the model's default; --beam overrides)", quiet=quiet)
+    reverse = model_runs.load_placed_model(reverse_model, placement) if reverse_model else None
+    if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
+        raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
+    if output_format == "pharaoh" and kind != "cross":
+        raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
+    # Cross-attention shows what aligns: the model's alignment settings unless flags say otherwise.
+    chosen = flags.applied_to(loaded.alignment if kind == "cross" else AlignmentConfig())
+    reverse_alignment = flags.applied_to(reverse.alignment) if reverse else None
+    examples = make_examples(loaded, pairs, decode, quiet)
+    with open_output(output) as out:
+        if walkthrough:
+            if chosen.head is None:
+                print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
+            for example in examples:
+                render_model_walkthrough(loaded, example, kind, chosen.layer, chosen.head or 0, output_format, dims, out)
+                out.flush()  # each sentence is answered before the next is read (see read_pairs)
+            return
+        for number, example in enumerate(examples):
+            view = example_view(loaded, example, kind, chosen.layer, chosen.head, words, chosen.shift, chosen.null,
+                                chosen.full_context, chosen.aligner)
+            if png is not None:  # before printing: a failed image write leaves no printed result
+                save_png(png, view, kind)
+                print_info(f"wrote {png}", quiet=quiet)
+            write_view(view, example, number, kind, chosen, words, output_format, reverse, reverse_alignment, out)
+            out.flush()  # each sentence is answered before the next is read (see read_pairs)
+
+
+def check_sentence_options(sentence: str | None, dims: int, png: str | None, walkthrough: bool) -> None:
+    """Raise TfmError for a --dims below 1, an empty SENTENCE, or a --png that cannot be saved."""
     if dims < 1:
         raise TfmError(f"--dims must be at least 1, got {dims}")
     if sentence is not None and not sentence.strip():
         raise TfmError("the SENTENCE is empty; give the source sentence to inspect")
     if png is not None:
         check_png(png, walkthrough)  # before any work: a missing matplotlib must not cost a translation
-    if seed_example:
-        if not walkthrough:
-            raise TfmError("--seed-example goes with --walkthrough")
-        if model is not None or sentence is not None:
-            raise TfmError("--seed-example shows the design document's example: it takes no -m model or SENTENCE")
-        from tfm_cli.inference.inspection import seed_walkthrough
 
-        with open_output(output) as out:
-            render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims, out)
-        return
-    if model is None:
-        raise TfmError("-m/--model is required (or use --walkthrough --seed-example)")
 
-    from tfm_cli.checkpoints.format import load_model
-    from tfm_cli.devices import resolve_device
-    from tfm_cli.inference.settings import resolve_alignment, resolve_decode
+def show_seed_example(model: str | None, sentence: str | None, walkthrough: bool, output: str, output_format: str, dims: int) -> None:
+    """Write the walkthrough of the design document's example (no model); TfmError without --walkthrough
+    or with a model or SENTENCE."""
+    from tfm_cli.inference.inspection import seed_walkthrough
 
-    apply_threads(ctx, threads)
-    target_device = resolve_device(device)
-    pairs = read_pairs(sentence, input, target, target_file, one=png is not None)
-    inference_dtype = resolve_dtype(dtype, target_device, quiet)
-    loaded = load_model(model, device=target_device, dtype=inference_dtype)
-    decode = resolve_decode({"beam_size": beam}, loaded.decode_defaults)  # what translate decodes with
-    if beam is None and "beam_size" in loaded.decode_defaults and target is None and target_file is None:
-        print_info(f"translating with beam_size {decode.beam_size} (the model's default; --beam overrides)", quiet=quiet)
-    reverse = load_model(reverse_model, device=target_device, dtype=inference_dtype) if reverse_model else None
-    if reverse is not None and (output_format != "pharaoh" or kind != "cross" or not words):
-        raise TfmError("--reverse-model intersects two word alignments: use it with --format pharaoh --words")
-    if output_format == "pharaoh" and kind != "cross":
-        raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
-    # Cross-attention shows what aligns: the model's alignment settings unless flags say otherwise.
-    chosen = resolve_alignment(loaded.alignment if kind == "cross" else AlignmentConfig(), layer, head is not None, head_index, shift, null)
-    reverse_alignment = resolve_alignment(reverse.alignment, layer, head is not None, head_index, shift, null) if reverse else None
-    layer, head_index = chosen.layer, chosen.head
-    head = "aligner" if chosen.aligner else "mean" if head_index is None else str(head_index)
-    from tfm_cli.inference.inspection import example_view
-
-    examples = make_examples(loaded, pairs, decode, quiet)
+    if not walkthrough:
+        raise TfmError("--seed-example goes with --walkthrough")
+    if model is not None or sentence is not None:
+        raise TfmError("--seed-example shows the design document's example: it takes no -m model or SENTENCE")
     with open_output(output) as out:
-        if walkthrough:
-            if head_index is None:
-                print_info("--walkthrough shows one head: using head 0 (choose with --head N)", quiet=quiet)
-            for example in examples:
-                render_model_walkthrough(loaded, example, kind, layer, head_index or 0, output_format, dims, out)
-                out.flush()  # each sentence is answered before the next is read (see read_pairs)
-            return
-        count = 0
-        for example in examples:
-            count += 1
-            view = example_view(loaded, example, kind, layer, head_index, words, chosen.shift, chosen.null,
-                                chosen.full_context, chosen.aligner)
-            if png is not None:  # before printing: a failed image write leaves no printed result
-                save_png(png, view, kind)
-                print_info(f"wrote {png}", quiet=quiet)
-            if output_format == "pharaoh":
-                write_alignment(view, reverse, example, reverse_alignment, out)
-            elif output_format == "json":
-                write_json(example, view, kind, layer, head, words, out)
-            elif output_format == "csv":
-                write_csv(view, count - 1, out, header=count == 1)
-            else:
-                source = "the trained aligner" if chosen.aligner else f"layer {layer}, head {head}"
-                title = f"{kind}-attention, {source}" + (", words" if words else "") + " (weights x 100)"
-                print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
-            out.flush()  # each sentence is answered before the next is read (see read_pairs)
+        render_walkthrough(seed_walkthrough(), "seed example, self-attention, head 0", output_format, dims, out)
+
+
+def write_view(
+    view: AttentionView, example: Example, number: int, kind: str, chosen: AlignmentConfig, words: bool, output_format: str,
+    reverse: LoadedModel | None, reverse_alignment: AlignmentConfig | None, out: IO[str],
+) -> None:
+    """Write the view of the `number`-th example (0-based) in `output_format`."""
+    head = "aligner" if chosen.aligner else "mean" if chosen.head is None else str(chosen.head)
+    if output_format == "pharaoh":
+        write_alignment(view, reverse, example, reverse_alignment, out)
+    elif output_format == "json":
+        write_json(example, view, kind, chosen.layer, head, words, out)
+    elif output_format == "csv":
+        write_csv(view, number, out, header=number == 0)
+    else:
+        source = "the trained aligner" if chosen.aligner else f"layer {chosen.layer}, head {head}"
+        title = f"{kind}-attention, {source}" + (", words" if words else "") + " (weights x 100)"
+        print_tables([(title, heatmap_table(view.matrix.tolist(), view.rows, view.columns))], out)
 
 
 def check_png(path: str, walkthrough: bool) -> None:

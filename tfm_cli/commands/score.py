@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, List, Optional
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, List, Optional
 
 import typer
 
-from tfm_cli.commands.options import (
-    apply_threads,
-    device_option,
-    dtype_option,
-    resolve_dtype,
-    threads_option,
-)
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import device_option, dtype_option, threads_option
 from tfm_cli.console import data_table, print_info, print_warning, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
+from tfm_cli.textio.output_lines import json_line
 
 if TYPE_CHECKING:
+    from tfm_cli.checkpoints.format import LoadedModel
     from tfm_cli.inference.model_scores import SentenceScore, TooLongPair
+    from tfm_cli.length_penalty import LengthPenalty
+    from tfm_cli.tokenization.tokenizer import Tokenizer
+    from tfm_cli.tokenization.vocabulary import MappedTokenizer
 
 EPILOG = (
     "Examples:\n\n"
@@ -187,16 +189,9 @@ def score_with_model(
     quiet: bool,
 ) -> None:
     """Forced-decode every (--src, --tgt) pair and write one score per line, streaming."""
-    import math
-
-    from tfm_cli.checkpoints.format import load_model
     from tfm_cli.config import check_length_penalty
-    from tfm_cli.devices import resolve_device
-    from tfm_cli.inference.model_scores import NORMALIZATIONS, TooLongPair, score_text_pairs
-    from tfm_cli.inference.settings import resolve_decode
-    from tfm_cli.length_penalty import decode_length_penalty
+    from tfm_cli.inference.model_scores import NORMALIZATIONS, score_text_pairs
     from tfm_cli.textio.atomic_files import open_output
-    from tfm_cli.textio.output_lines import json_line
     from tfm_cli.textio.streams import check_parallel_line_counts, iter_lines, zip_parallel
 
     if normalize not in NORMALIZATIONS:
@@ -206,17 +201,9 @@ def score_with_model(
     if src == "-" and tgt == "-":
         raise TfmError("--src and --tgt cannot both be stdin")
     check_parallel_line_counts(src, tgt)  # files that do not pair up: an error before any score is written
-    apply_threads(ctx, threads)
-    target_device = resolve_device(device)
-    loaded = load_model(model_path, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
-    decode = resolve_decode({"length_penalty": alpha}, loaded.decode_defaults)  # the settings translate uses
-    if alpha is None and "length_penalty" in loaded.decode_defaults and normalize == "length":
-        print_info(f"length_penalty {decode.length_penalty} (the model's default; --length-penalty overrides)", quiet=quiet)
-    length_penalty = decode_length_penalty(decode)  # the rule translate normalises with (the model's kind)
-    excluded_ids = None
-    if decode.renormalize:  # translate's scores are then over the tokens it may generate
-        config = loaded.model.config
-        excluded_ids = (config.pad_id, config.bos_id, *decode.banned_ids)
+    model_runs.set_up_process(ctx, threads)
+    loaded = model_runs.load_placed_model(model_path, model_runs.resolve_placement(device, dtype, quiet))
+    length_penalty, excluded_ids = translate_scoring(loaded, alpha, normalize, quiet)
     # Read lazily, in a thread (scoring.score_text_pairs): each window is scored and written before
     # the next read blocks, so `--tgt -` may be an interactive pipe.
     src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
@@ -224,31 +211,71 @@ def score_with_model(
     targets: deque[str] = deque()  # the targets read so far and not yet written, for the JSON pieces
     if as_json:
         pairs = remember_targets(pairs, targets)
-    total_log_prob, total_tokens, count = 0.0, 0, 0
     with open_output(output) as out:
         scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, length_penalty, batch_size,
                                   excluded_ids=excluded_ids)
-        for result in scores:
-            target = targets.popleft() if as_json else None
-            if isinstance(result, TooLongPair):
-                answer = "its JSON record has null scores" if as_json else "its score line is empty"
-                print_warning(f"{result.describe()}: not scored, {answer}")
-                out.write((json_line(too_long_record(result)) if as_json else "") + "\n")
-                out.flush()
-                continue
-            value = result.value(normalize)
-            if as_json:
-                out.write(json_line(json_record(result, value, loaded.tgt_tokenizer.encode_pieces(target))) + "\n")
-            else:
-                out.write(f"{value:.6f}\n")  # the precision translate --scores prints
-            out.flush()
-            total_log_prob += result.raw
-            total_tokens += result.n_tokens
-            count += 1
-    if count:
-        per_token = total_log_prob / total_tokens
+        totals = write_scores(scores, targets if as_json else None, normalize, loaded.tgt_tokenizer, out)
+    if totals.pairs:
+        per_token = totals.log_prob / totals.tokens
         print_info(
-            f"scored {count} pairs, {total_tokens} target tokens (EOS included): {per_token:.4f} nats/token, "
+            f"scored {totals.pairs} pairs, {totals.tokens} target tokens (EOS included): {per_token:.4f} nats/token, "
             f"perplexity {math.exp(-per_token):.2f}",
             quiet=quiet,
         )
+
+
+def translate_scoring(
+    loaded: LoadedModel, alpha: float | None, normalize: str, quiet: bool
+) -> tuple[LengthPenalty, tuple[int, ...] | None]:
+    """The length penalty and the excluded token ids (None: none) translate would score with: the
+    model's decoding defaults under --length-penalty. Says on stderr when the model's alpha is used."""
+    from tfm_cli.inference.settings import resolve_decode
+    from tfm_cli.length_penalty import decode_length_penalty
+
+    decode = resolve_decode({"length_penalty": alpha}, loaded.decode_defaults)  # the settings translate uses
+    if alpha is None and "length_penalty" in loaded.decode_defaults and normalize == "length":
+        print_info(f"length_penalty {decode.length_penalty} (the model's default; --length-penalty overrides)", quiet=quiet)
+    length_penalty = decode_length_penalty(decode)  # the rule translate normalises with (the model's kind)
+    if not decode.renormalize:
+        return length_penalty, None
+    config = loaded.model.config  # translate's scores are then over the tokens it may generate
+    return length_penalty, (config.pad_id, config.bos_id, *decode.banned_ids)
+
+
+@dataclass
+class ScoreTotals:
+    """What the scored pairs add up to: their count, summed log-probability and target tokens (EOS included)."""
+
+    pairs: int = 0
+    log_prob: float = 0.0
+    tokens: int = 0
+
+
+def write_scores(
+    scores: Iterable[SentenceScore | TooLongPair], targets: deque[str] | None, normalize: str,
+    tgt_tokenizer: Tokenizer | MappedTokenizer, out: IO[str],
+) -> ScoreTotals:
+    """Write one line per pair as its score comes: the `normalize` score, or with `targets` (the targets
+    not yet written, in order) its JSON record; a pair too long for the model gets an empty line (or
+    null scores) and a warning. Returns the totals of the pairs scored."""
+    from tfm_cli.inference.model_scores import TooLongPair
+
+    totals = ScoreTotals()
+    for result in scores:
+        target = targets.popleft() if targets is not None else None
+        if isinstance(result, TooLongPair):
+            answer = "its JSON record has null scores" if targets is not None else "its score line is empty"
+            print_warning(f"{result.describe()}: not scored, {answer}")
+            out.write((json_line(too_long_record(result)) if targets is not None else "") + "\n")
+            out.flush()
+            continue
+        value = result.value(normalize)
+        if targets is not None:
+            out.write(json_line(json_record(result, value, tgt_tokenizer.encode_pieces(target))) + "\n")
+        else:
+            out.write(f"{value:.6f}\n")  # the precision translate --scores prints
+        out.flush()
+        totals.log_prob += result.raw
+        totals.tokens += result.n_tokens
+        totals.pairs += 1
+    return totals

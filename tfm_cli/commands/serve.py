@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, dtype_option, resolve_dtype, threads_option
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import device_option, dtype_option, threads_option
 from tfm_cli.console import print_info
 from tfm_cli.errors import TfmError
 
@@ -79,9 +80,10 @@ def serve(
     limits = Limits(max_body_bytes=max_body_kib * 1024, max_texts=max_texts, max_chars=max_chars)
     store = GlossaryStore(Path(data_dir) if data_dir is not None else default_data_dir())
     sock = listening_socket(host, port)  # before the slow part: a busy port is said at once
-    apply_threads(ctx, threads)
+    model_runs.set_up_process(ctx, threads)
     try:
-        service = load_service(specs, store, keys, limits, device, dtype, threads, queue_size, batch_wait_ms, max_tokens, quiet)
+        placement = model_runs.resolve_placement(device, dtype, quiet)
+        service = load_service(specs, store, keys, limits, placement, threads, queue_size, batch_wait_ms, max_tokens, quiet)
         run_server(uvicorn, service, sock, host, quiet)
     finally:
         sock.close()
@@ -108,20 +110,14 @@ def listening_socket(host: str, port: int):
     return sock
 
 
-def load_service(specs, store, keys, limits, device, dtype, threads, queue_size, batch_wait_ms, max_tokens, quiet):
-    """Load every model and start its engine; the Service the routes share."""
-    from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoints.format import load_model
-    from tfm_cli.devices import resolve_device
+def load_service(specs, store, keys, limits, placement, threads, queue_size, batch_wait_ms, max_tokens, quiet):
+    """Load every model on `placement` and start its engine; the Service the routes share."""
     from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
     from tfm_cli.serving.engine import Engine
 
-    keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
-    target_device = resolve_device(device)
-    precision = resolve_dtype(dtype, target_device, quiet)
     models = []
     for spec in specs:
-        loaded = load_model(spec.path, device=target_device, dtype=precision)
+        loaded = model_runs.load_placed_model(spec.path, placement)
         engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=queue_size, max_tokens=max_tokens,
                         max_wait_s=batch_wait_ms / 1000, threads=threads)
         models.append(ServedModel(spec, engine))

@@ -7,12 +7,21 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from tfm_cli.commands.options import apply_threads, device_option, threads_option
-from tfm_cli.console import print_info, stderr_console
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import device_option, threads_option
+from tfm_cli.console import print_info
 from tfm_cli.errors import TfmError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from tfm_cli.checkpoints.format import Checkpoint, LoadedModel
+    from tfm_cli.model.aligner import Aligner
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig, PreparedPairs
 
 EPILOG = (
     "Examples:\n\n"
@@ -83,7 +92,7 @@ def train_aligner(
     max_memory: float = typer.Option(8.0, "--max-memory", help="GiB the model's states may take in memory before the command stops (says so before using more)."),
     device: str = device_option(),
     threads: int = threads_option(),
-    progress: bool = typer.Option(False, "--progress", help="Show progress bars even when stderr is not a terminal."),
+    progress: bool = model_runs.progress_option("progress bars"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
     """Train a word aligner on top of a translation model, toward given word links.
@@ -91,15 +100,10 @@ def train_aligner(
     The model is frozen: its states for each pair are computed once and the aligner (two small
     networks and an attention over them) learns the links from them. Prints nothing on stdout.
     """
-    import sys
-
     from tfm_cli.checkpoints.format import loaded_model, read_checkpoint, write_checkpoint
     from tfm_cli.devices import resolve_device
-    from tfm_cli.model.aligner import ALIGNER_PREFIX
-    from tfm_cli.textio.atomic_files import temp_file_beside
-    from tfm_cli.textio.paths import check_input_file, check_output_path
-    from tfm_cli.training.aligner_training import AlignerTrainingConfig, prepare_batches
-    from tfm_cli.training.aligner_training import train_aligner as train
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig
 
     config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, context=context, lr=lr, seed=seed)
     config.check()
@@ -107,6 +111,28 @@ def train_aligner(
         raise TfmError(f"--max-memory must be positive (GiB), got {max_memory}")
     for path in (model, src, tgt, links):
         check_input_file(path)
+    check_output(output, model)
+    model_runs.set_up_process(ctx, threads)
+    started = time.perf_counter()
+    pairs, pair_links = read_training_pairs(src, tgt, links)
+    checkpoint = read_checkpoint(model)
+    loaded = loaded_model(model, checkpoint, resolve_device(device))
+    with model_runs.progress_bar(model_runs.shows_progress(progress, quiet)) as bar:
+        prepared = prepare_states(loaded, pairs, pair_links, config, max_memory, bar, quiet)
+        aligner, final_loss = learn_links(prepared, loaded, config, bar)
+    write_checkpoint(output, with_aligner(checkpoint, aligner, config, Path(links).name, prepared.used, final_loss))
+    print_info(
+        f"wrote {output}: the model and an aligner learnt from {prepared.used:,} pairs in {epochs} epochs "
+        f"(last epoch's loss {final_loss} per target token) in {time.perf_counter() - started:.0f} s",
+        quiet=quiet,
+    )
+
+
+def check_output(output: Path, model: str) -> None:
+    """Raise TfmError unless `output` can be written, now rather than after the training, and is not the model."""
+    from tfm_cli.textio.atomic_files import temp_file_beside
+    from tfm_cli.textio.paths import check_output_path
+
     check_output_path(output)
     if not output.exists() or output.is_file():  # written through a temp file beside it (textio.atomic_file)
         fd, probe = temp_file_beside(output)  # so a folder it cannot write in is named now, not after the training
@@ -114,48 +140,62 @@ def train_aligner(
         os.unlink(probe)
     if output.exists() and output.resolve() == Path(model).resolve():
         raise TfmError(f"{output}: the output is also the model; write the model with its aligner to another file")
-    apply_threads(ctx, threads)
-    started = time.perf_counter()
-    pairs, pair_links = read_training_pairs(src, tgt, links)
-    checkpoint = read_checkpoint(model)
-    loaded = loaded_model(model, checkpoint, resolve_device(device))
-    show_progress = not quiet and (progress or sys.stderr.isatty())
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=stderr_console(), transient=True, disable=not show_progress) as bar:
-        task = bar.add_task("the model's states", total=len(pairs))
-        prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n),
-                                   max_bytes=int(max_memory * 2**30))
-        bar.remove_task(task)
-        print_info(
-            f"{prepared.used:,} of {len(pairs):,} pairs to learn from ({prepared.empty:,} with an empty side, "
-            f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer); "
-            f"their states take {prepared.bytes / 2**30:.2f} GiB",
-            quiet=quiet,
-        )
-        steps_per_epoch = sum(batch.repeat for batch in prepared.batches)
-        steps = bar.add_task("training the aligner", total=config.epochs * steps_per_epoch)
-        losses: list[float] = []
+def prepare_states(
+    loaded: LoadedModel, pairs: list[tuple[list[str], list[str]]], pair_links: list[list[tuple[int, int]]],
+    config: AlignerTrainingConfig, max_memory: float, bar: Progress, quiet: bool,
+) -> PreparedPairs:
+    """The model's states of the pairs, batched to train on (a task of `bar` while they are computed);
+    says on stderr how many pairs they hold and how much memory they take."""
+    from tfm_cli.training.aligner_training import prepare_batches
 
-        def on_step(epoch: int, loss: float) -> None:
-            losses.append(loss)
-            bar.update(steps, advance=1, description=f"training the aligner, epoch {epoch + 1}/{config.epochs}")
-
-        aligner = train(prepared.batches, loaded.config, config, on_step)
-    last_epoch = losses[-steps_per_epoch:]
-    alignment = dict(checkpoint.alignment)
-    alignment.update(aligner=True, aligner_hidden=hidden, aligner_dim=dim, aligner_context=context, shift=True, null=True)
-    provenance = dict(checkpoint.provenance)
-    provenance["aligner"] = {
-        "links": Path(links).name, "pairs": prepared.used, "epochs": epochs, "seed": seed,
-        "final_loss": round(sum(last_epoch) / len(last_epoch), 4),
-    }
-    weights = {ALIGNER_PREFIX + name: param.detach().cpu().contiguous() for name, param in aligner.named_parameters()}
-    write_checkpoint(output, dataclasses.replace(checkpoint, alignment=alignment, aligner_weights=weights, provenance=provenance))
+    task = bar.add_task("the model's states", total=len(pairs))
+    prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n),
+                               max_bytes=int(max_memory * 2**30))
+    bar.remove_task(task)
     print_info(
-        f"wrote {output}: the model and an aligner learnt from {prepared.used:,} pairs in {epochs} epochs "
-        f"(last epoch's loss {provenance['aligner']['final_loss']} per target token) in {time.perf_counter() - started:.0f} s",
+        f"{prepared.used:,} of {len(pairs):,} pairs to learn from ({prepared.empty:,} with an empty side, "
+        f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer); "
+        f"their states take {prepared.bytes / 2**30:.2f} GiB",
         quiet=quiet,
     )
+    return prepared
+
+
+def learn_links(
+    prepared: PreparedPairs, loaded: LoadedModel, config: AlignerTrainingConfig, bar: Progress
+) -> tuple[Aligner, float]:
+    """The aligner trained on the prepared batches (a task of `bar`), and its mean loss over the last epoch
+    (per target token, rounded to 4 decimals)."""
+    from tfm_cli.training.aligner_training import train_aligner as train
+
+    steps_per_epoch = sum(batch.repeat for batch in prepared.batches)
+    steps = bar.add_task("training the aligner", total=config.epochs * steps_per_epoch)
+    losses: list[float] = []
+
+    def on_step(epoch: int, loss: float) -> None:
+        losses.append(loss)
+        bar.update(steps, advance=1, description=f"training the aligner, epoch {epoch + 1}/{config.epochs}")
+
+    aligner = train(prepared.batches, loaded.config, config, on_step)
+    last_epoch = losses[-steps_per_epoch:]
+    return aligner, round(sum(last_epoch) / len(last_epoch), 4)
+
+
+def with_aligner(
+    checkpoint: Checkpoint, aligner: Aligner, config: AlignerTrainingConfig, links_name: str, pairs_used: int, final_loss: float
+) -> Checkpoint:
+    """`checkpoint` with the trained aligner's weights, its alignment settings (the aligner, shift and null
+    on) and, in its provenance, how the aligner was trained."""
+    from tfm_cli.model.aligner import ALIGNER_PREFIX
+
+    alignment = dict(checkpoint.alignment)
+    alignment.update(aligner=True, aligner_hidden=config.hidden, aligner_dim=config.dim, aligner_context=config.context,
+                     shift=True, null=True)
+    provenance = dict(checkpoint.provenance)
+    provenance["aligner"] = {
+        "links": links_name, "pairs": pairs_used, "epochs": config.epochs, "seed": config.seed, "final_loss": final_loss,
+    }
+    weights = {ALIGNER_PREFIX + name: param.detach().cpu().contiguous() for name, param in aligner.named_parameters()}
+    return dataclasses.replace(checkpoint, alignment=alignment, aligner_weights=weights, provenance=provenance)

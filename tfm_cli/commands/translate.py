@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
-from typing import Optional
+from typing import IO, TYPE_CHECKING, Optional
 
 import typer
 
-from tfm_cli.commands.options import (
-    align_head_option,
-    align_layer_option,
-    align_null_option,
-    align_shift_option,
-    apply_threads,
-    device_option,
-    dtype_option,
-    parse_head,
-    resolve_dtype,
-    threads_option,
-)
-from tfm_cli.console import print_info, print_warning, stderr_console
+from tfm_cli.commands import model_runs
+from tfm_cli.commands.options import align_head_option, align_layer_option, align_null_option, align_shift_option
+from tfm_cli.commands.options import device_option, dtype_option, threads_option
+from tfm_cli.console import print_info, print_warning
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import decode_default, model_default_note
+
+if TYPE_CHECKING:
+    from tfm_cli.checkpoints.format import LoadedModel
+    from tfm_cli.config import DecodeConfig
+    from tfm_cli.inference.text_preparation import TextOptions
+    from tfm_cli.inference.outputs import TranslatedLine
+    from tfm_cli.inference.translation import OutputFormat
 
 # rich renders --help and takes a bare [name] for markup (dropping it): brackets are written \\[.
 EPILOG = (
@@ -80,7 +79,7 @@ def translate(
     dtype: str = dtype_option(),
     threads: int = threads_option(),
     workers: int = typer.Option(1, "--workers", help="Processes that search batches side by side, one CPU thread each (CPU only; e.g. one per core; same translations, more memory)."),
-    progress: bool = typer.Option(False, "--progress", help="Show a progress bar even when stderr is not a terminal."),
+    progress: bool = model_runs.progress_option(),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
     """Translate text: beam search with the model's length penalty, one output line per input line.
@@ -88,30 +87,12 @@ def translate(
     Scores are natural-log probabilities summed over the output tokens with EOS counted, divided by
     the model's length penalty at n = tokens + 1: the number `tfm score -m --normalize length` prints.
     """
-
-    from tfm_cli.allocator import keep_freed_memory
-    from tfm_cli.checkpoints.format import load_model
-    from tfm_cli.config import CHECKPOINT_DECODE_KEYS
-    from tfm_cli.inference.settings import resolve_decode
-    from tfm_cli.textio.atomic_files import check_stdout_open
-    from tfm_cli.textio.paths import check_input_file
-    from tfm_cli.textio.streams import check_stdin_open
-    from tfm_cli.inference.glossary import Glossary
-    from tfm_cli.inference.sentence_splitting import SentenceSplitter
-    from tfm_cli.inference.settings import resolve_alignment
-    from tfm_cli.inference.markup import MARKUP_MODES
-    from tfm_cli.inference.text_preparation import TextOptions
     from tfm_cli.inference.search_workers import SearchWorkers
+    from tfm_cli.inference.settings import resolve_decode
     from tfm_cli.inference.translation import BatchingConfig, OutputFormat, Translator
 
-    keep_freed_memory()  # decoding frees and re-allocates megabytes per step (see allocator.py)
-    apply_threads(ctx, threads)
-    if input != "-":
-        check_input_file(input)
-    else:
-        check_stdin_open()
-    if output == "-":
-        check_stdout_open()
+    model_runs.set_up_process(ctx, threads)
+    check_streams(input, output)
     if workers < 1:
         raise TfmError(f"--workers must be at least 1, got {workers}")
     flags = dict(
@@ -120,46 +101,17 @@ def translate(
         no_unk=no_unk, min_len=min_len,
     )
     resolve_decode(flags, {})  # the flags' own problems are reported before the model is loaded
-    sampling_only = [name for name, value, default in (
-        ("--top-k", top_k, decode_default("sample_top_k")), ("--top-p", top_p, decode_default("sample_top_p")),
-        ("--temperature", temperature, decode_default("temperature")),
-    ) if value != default]
-    if sampling_only and not sample:
-        print_warning(f"ignored without --sample: {', '.join(sampling_only)} (they shape sampling only)")
-    if source_lang != "en" and not split_sentences:
-        print_warning("ignored without --split-sentences: --source-lang (it chooses the sentence splitter's rules)")
+    warn_ignored_flags(sample, top_k, top_p, temperature, split_sentences, source_lang)
     batching = BatchingConfig(buffer_size=buffer_size, max_tokens=max_tokens, batch_size=batch_size)
-    if markup is not None and markup not in MARKUP_MODES:
-        raise TfmError(f"--markup must be one of {', '.join(MARKUP_MODES)}, got {markup!r}")
-    text_options = TextOptions(
-        constraint_fields=constraints,
-        glossary=Glossary.load(glossary) if glossary is not None else None,
-        markup=markup,
-        splitter=SentenceSplitter(source_lang) if split_sentences else None,
-    )
+    text_options = text_preparation(constraints, glossary, markup, split_sentences, source_lang)
     want_alignment = alignment or as_json or markup is not None
-    align_head_index = parse_head(align_head, "--align-head") if align_head is not None else None
-    from tfm_cli.devices import resolve_device
-
-    target_device = resolve_device(device)
-    loaded = load_model(model, device=target_device, dtype=resolve_dtype(dtype, target_device, quiet))
+    align_flags = model_runs.alignment_flags(align_layer, align_head, align_shift, align_null)
+    loaded = model_runs.load_placed_model(model, model_runs.resolve_placement(device, dtype, quiet))
     decode = resolve_decode(flags, loaded.decode_defaults)
-    align = None
-    if want_alignment:
-        align = resolve_alignment(loaded.alignment, align_layer, align_head is not None, align_head_index, align_shift, align_null)
-        align.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
-    prefix = ()
-    if target_lang is not None:
-        from tfm_cli.tokenization.vocabulary import language_tag_id
-
-        prefix = (language_tag_id(loaded.src_tokenizer, target_lang),)
+    align = model_runs.checked_alignment(loaded, align_flags) if want_alignment else None
+    prefix = language_prefix(loaded, target_lang)
     if loaded.decode_defaults:
-        shown = [
-            key for key in CHECKPOINT_DECODE_KEYS
-            if (key in flags or key in loaded.decode_defaults) and not (decode.sample and key == "beam_size")
-        ]
-        used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
-        print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
+        report_decode_settings(flags, loaded.decode_defaults, decode, quiet)
     # Forked before any thread of tfm's starts (the line reader, the progress bar), with nothing left in
     # the output buffers for a worker to write again when it exits.
     sys.stdout.flush()
@@ -171,42 +123,91 @@ def translate(
         translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet)
 
 
+def check_streams(input: str, output: str) -> None:
+    """Raise TfmError unless the input file (or stdin, for `-`) can be read and stdout (for `-`) is open."""
+    from tfm_cli.textio.atomic_files import check_stdout_open
+    from tfm_cli.textio.paths import check_input_file
+    from tfm_cli.textio.streams import check_stdin_open
+
+    if input != "-":
+        check_input_file(input)
+    else:
+        check_stdin_open()
+    if output == "-":
+        check_stdout_open()
+
+
+def warn_ignored_flags(sample: bool, top_k: int, top_p: float, temperature: float, split_sentences: bool, source_lang: str) -> None:
+    """Warn on stderr of the flags given that change nothing without --sample or --split-sentences."""
+    sampling_only = [name for name, value, default in (
+        ("--top-k", top_k, decode_default("sample_top_k")), ("--top-p", top_p, decode_default("sample_top_p")),
+        ("--temperature", temperature, decode_default("temperature")),
+    ) if value != default]
+    if sampling_only and not sample:
+        print_warning(f"ignored without --sample: {', '.join(sampling_only)} (they shape sampling only)")
+    if source_lang != "en" and not split_sentences:
+        print_warning("ignored without --split-sentences: --source-lang (it chooses the sentence splitter's rules)")
+
+
+def text_preparation(
+    constraints: bool, glossary: str | None, markup: str | None, split_sentences: bool, source_lang: str
+) -> TextOptions:
+    """The TextOptions the text options ask for (the glossary read, the sentence splitter made);
+    TfmError for an unknown --markup mode or a bad glossary."""
+    from tfm_cli.inference.glossary import Glossary
+    from tfm_cli.inference.markup import MARKUP_MODES
+    from tfm_cli.inference.sentence_splitting import SentenceSplitter
+    from tfm_cli.inference.text_preparation import TextOptions
+
+    if markup is not None and markup not in MARKUP_MODES:
+        raise TfmError(f"--markup must be one of {', '.join(MARKUP_MODES)}, got {markup!r}")
+    return TextOptions(
+        constraint_fields=constraints,
+        glossary=Glossary.load(glossary) if glossary is not None else None,
+        markup=markup,
+        splitter=SentenceSplitter(source_lang) if split_sentences else None,
+    )
+
+
+def language_prefix(loaded: LoadedModel, target_lang: str | None) -> tuple[int, ...]:
+    """The source token ids every input starts with: the >>xx<< tag of --target-lang, or none."""
+    if target_lang is None:
+        return ()
+    from tfm_cli.tokenization.vocabulary import language_tag_id
+
+    return (language_tag_id(loaded.src_tokenizer, target_lang),)
+
+
+def report_decode_settings(flags: dict, model_defaults: dict, decode: DecodeConfig, quiet: bool) -> None:
+    """Say on stderr which decoding settings are used, when the checkpoint brought defaults of its own."""
+    from tfm_cli.config import CHECKPOINT_DECODE_KEYS
+
+    shown = [
+        key for key in CHECKPOINT_DECODE_KEYS
+        if (key in flags or key in model_defaults) and not (decode.sample and key == "beam_size")
+    ]
+    used = ", ".join(f"{key} {getattr(decode, key)}" for key in shown)
+    print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
+
+
 def translate_lines(translator, input: str, output: str, output_format, show_progress: bool, quiet: bool) -> None:
     """Translate the lines of `input` with `translator` into `output` (paths, or `-` for stdin and
     stdout) in `output_format`, with a progress bar when asked or when the input is a file and stderr
     a terminal; then report on stderr."""
     from tfm_cli.inference.translation import TranslationStats, translate_stream
     from tfm_cli.textio.atomic_files import open_output
-    from tfm_cli.textio.streams import DecodeStats, count_lines, iter_lines, thread_stdin
+    from tfm_cli.textio.streams import DecodeStats, iter_lines, thread_stdin
 
     decode_stats, stats = DecodeStats(), TranslationStats()
     # Lines are read in a thread (see translation.read_chunks), which must not touch sys.stdin.buffer.
     lines = iter_lines(input, strict_utf8=False, stats=decode_stats, stream=thread_stdin() if input == "-" else None)
-    show_progress = not quiet and (show_progress or (input != "-" and sys.stderr.isatty()))
-    if input == "-" and sys.stdin.isatty():
-        # Without this a person who forgot `-i` or a pipe sees nothing happen.
-        print_info("reading source lines from stdin (Ctrl-D to end)", quiet=quiet)
+    shown = model_runs.shows_progress(show_progress, quiet, reads_files=input != "-")
+    model_runs.hint_stdin("source lines", input == "-", quiet)
     warned = LineWarnings()
     with open_output(output) as out:
         chunks = warned.passing(translate_stream(translator, lines, stats))
-        if not show_progress:
-            write_chunks(out, chunks, output_format)
-        else:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-
-            columns = (TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-            with Progress(*columns, console=stderr_console(), transient=True) as bar:
-                task = bar.add_task("translate", total=count_lines(input))
-                for chunk in chunks:
-                    write_chunks(out, [chunk], output_format)
-                    bar.advance(task, len(chunk))
-    elapsed = stats.seconds  # translating only: time spent waiting for input lines is not counted
+        write = functools.partial(write_chunk, out, output_format=output_format)
+        model_runs.write_with_progress(chunks, write, shown, "translating", input)
     if decode_stats.invalid_utf8_lines:
         print_warning(decode_stats.invalid_utf8_warning())
     if stats.unencodable_lines:
@@ -215,6 +216,7 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
             "their output lines are empty"
         )
     warned.summarise()  # truncated lines are among them, each named
+    elapsed = stats.seconds  # translating only: time spent waiting for input lines is not counted
     rate = stats.lines / elapsed if elapsed > 0 else 0.0
     print_info(
         f"translated {stats.lines} lines ({stats.empty_lines} empty) in {elapsed:.1f} s: {rate:.1f} lines/s, "
@@ -223,13 +225,12 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
     )
 
 
-def write_chunks(out, chunks, output_format) -> None:
-    """Write each chunk's lines, then flush, so an interactive pipe gets its answers at once."""
+def write_chunk(out: IO[str], chunk: list[TranslatedLine], output_format: OutputFormat) -> None:
+    """Write a chunk's lines, then flush, so an interactive pipe gets its answers at once."""
     from tfm_cli.inference.translation import format_line
 
-    for chunk in chunks:
-        out.write("".join(format_line(line, output_format) + "\n" for line in chunk))
-        out.flush()
+    out.write("".join(format_line(line, output_format) + "\n" for line in chunk))
+    out.flush()
 
 
 class LineWarnings:
