@@ -43,6 +43,7 @@ from tfm_cli.serving.requests import (
     optional_string,
     parse_fields,
     read_body,
+    required_string,
     texts_field,
 )
 
@@ -210,9 +211,7 @@ async def translated_texts(
 async def deepl_translate(service: Service, request: Request, fields: Fields) -> Response:
     """POST /v2/translate."""
     texts, _ = texts_field(fields, "text", service.limits)
-    target = optional_string(fields, "target_lang")
-    if target is None:
-        raise ClientError(400, "target_lang is required")
+    target = required_string(fields, "target_lang")
     source = optional_string(fields, "source_lang")
     model = service.model(source, target, "source_lang", "target_lang")
     tag_handling = optional_string(fields, "tag_handling")
@@ -267,11 +266,7 @@ async def deepl_glossaries(service: Service, request: Request, fields: Fields) -
     """POST /v2/glossaries creates one (201); GET lists them."""
     if request.method == "GET":
         return JSONResponse({"glossaries": [info.to_json() for info in service.glossaries.list()]})
-    values = {}
-    for name in ("name", "source_lang", "target_lang", "entries"):
-        values[name] = optional_string(fields, name)
-        if values[name] is None:
-            raise ClientError(400, f"{name} is required")
+    values = {name: required_string(fields, name) for name in ("name", "source_lang", "target_lang", "entries")}
     entries_format = optional_string(fields, "entries_format") or "tsv"
     model = service.model(values["source_lang"], values["target_lang"], "source_lang", "target_lang")
     pairs = parse_entries(values["entries"], entries_format)
@@ -306,9 +301,7 @@ async def deepl_glossary_entries(service: Service, request: Request, fields: Fie
 async def libre_translate(service: Service, request: Request, fields: Fields) -> Response:
     """POST /translate: q (a string or a list), source (a code or auto), target, format, alternatives."""
     texts, listed = texts_field(fields, "q", service.limits)
-    target = optional_string(fields, "target")
-    if target is None:
-        raise ClientError(400, "target is required")
+    target = required_string(fields, "target")
     source = optional_string(fields, "source")
     model = service.model(source, target, "source", "target")
     text_format = optional_string(fields, "format") or "text"

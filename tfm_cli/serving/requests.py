@@ -207,6 +207,14 @@ def optional_string(fields: Fields, name: str) -> str | None:
     return checked_string(value, name)
 
 
+def required_string(fields: Fields, name: str) -> str:
+    """Field `name` as a string; ClientError 400 when it is absent or empty."""
+    value = optional_string(fields, name)
+    if value is None:
+        raise ClientError(400, f"{name} is required")
+    return value
+
+
 def texts_field(fields: Fields, name: str, limits: Limits) -> tuple[list[str], bool]:
     """Field `name`: a string or a list of strings, within the limits; returns (texts, whether a list was sent)."""
     value = fields.get(name)
