@@ -151,7 +151,8 @@ def call(server: Server, method: str, path: str, fields=None, body: bytes | None
     request = urllib.request.Request(server.url + path, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
+            data = response.read()
+            return response.status, json.loads(data) if data else None
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
 
@@ -296,6 +297,7 @@ def test_the_web_page_is_served_without_a_key_and_calls_only_routes_that_exist(s
     (None, b"{" + b" " * 140_000 + b"}", "application/json", 413, "over the limit"),
     ({"text": ["a dog"] * 51, "target_lang": "DE"}, None, None, 400, "text holds 51 texts"),
     ({"text": ["a" * 30_001], "target_lang": "DE"}, None, None, 400, "text holds 30001 characters"),
+    ({"text": ["a\n" * 1_000, "b\n" * 1_000], "target_lang": "DE"}, None, None, 400, "text holds 2002 lines, over the limit of 2000"),
     (None, b'{"text": ["a dog"], "target_lang": ', "application/json", 400, "not valid JSON: Expecting value"),
     (None, b"[1, 2]", "application/json", 400, "must be an object"),
     (None, b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "application/json", 400, "nested too deeply"),
@@ -318,6 +320,67 @@ def test_bad_requests_get_one_json_error_naming_the_problem(server, fields, body
     got, answer = call(server, "POST", "/v2/translate", fields, body=body, content_type=content_type)
     assert got == status, answer
     assert list(answer) == ["message"] and re.search(message, answer["message"]), answer
+
+
+def announced_body_status(server: Server, path: str, length: int) -> int:
+    """The status of a POST whose headers announce a body of `length` bytes, of which none is sent."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.putrequest("POST", path)
+        for name, value in (("Authorization", f"DeepL-Auth-Key {KEY}"), ("Content-Type", "application/json"),
+                            ("Content-Length", str(length))):
+            connection.putheader(name, value)
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def chunked_body_status(server: Server, path: str, size: int) -> int:
+    """The status of a POST that streams `size` bytes in chunks without a Content-Length; sending stops
+    when the server has answered and closed the connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    chunk = b"a" * 65_536
+    try:
+        connection.putrequest("POST", path)
+        for name, value in (("Authorization", f"DeepL-Auth-Key {KEY}"), ("Content-Type", "application/json"),
+                            ("Transfer-Encoding", "chunked")):
+            connection.putheader(name, value)
+        connection.endheaders()
+        try:
+            for _ in range(size // len(chunk)):
+                connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            connection.send(b"0\r\n\r\n")
+        except OSError:  # the server answered 413 and closed the connection before all was sent
+            pass
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_a_10_mib_body_is_refused_whether_announced_or_streamed(server):
+    ten_mib = 10 * 1024 * 1024
+    # Announced: refused on its headers, before any of the body arrives (the answer would otherwise wait).
+    assert announced_body_status(server, "/v2/translate", ten_mib) == 413
+    assert announced_body_status(server, "/v2/glossaries", ten_mib + 1) == 413
+    # Streamed without a length: refused once it passes the limit.
+    assert chunked_body_status(server, "/v2/translate", ten_mib) == 413
+    assert chunked_body_status(server, "/translate", ten_mib) == 413
+
+
+def test_a_glossary_may_be_larger_than_a_translation_request_but_not_over_its_entry_limit(server):
+    def entries(count: int) -> str:
+        return "".join(f"word{i}\tWort{i}\n" for i in range(count))
+
+    fields = {"name": "big", "source_lang": "EN", "target_lang": "DE", "entries_format": "tsv"}
+    status, answer = call(server, "POST", "/v2/glossaries", {**fields, "entries": entries(10_000)})  # ~190 KB
+    assert status == 201 and answer["entry_count"] == 10_000, answer
+    assert call(server, "DELETE", f"/v2/glossaries/{answer['glossary_id']}")[0] == 204
+    # A million entries: refused whole (the server's default limit is 100,000), nothing stored.
+    before = call(server, "GET", "/v2/glossaries")[1]["glossaries"]
+    status, answer = call(server, "POST", "/v2/glossaries", {**fields, "entries": entries(100_001) + "\n" * 50})
+    assert status == 400 and "100001 lines, over the limit of 100000 entries" in answer["message"], answer
+    assert call(server, "GET", "/v2/glossaries")[1]["glossaries"] == before
 
 
 def test_old_deepl_clients_send_a_form_with_auth_key(server, model):

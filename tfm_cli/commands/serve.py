@@ -40,7 +40,9 @@ def serve(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Folder of the glossary database (default: $XDG_DATA_HOME/tfm/serve, else ~/.local/share/tfm/serve)."),
     max_texts: int = typer.Option(50, "--max-texts", help="Texts per request at most (DeepL's limit)."),
     max_chars: int = typer.Option(30_000, "--max-chars", help="Characters per request at most, all texts together."),
-    max_body_kib: int = typer.Option(128, "--max-body-kib", help="Request body size limit in KiB (DeepL's: 128); larger bodies get 413."),
+    max_lines: int = typer.Option(2_000, "--max-lines", help="Lines per request at most, all texts together once cut at their line breaks."),
+    max_body_kib: int = typer.Option(128, "--max-body-kib", help="Request body size limit in KiB (DeepL's: 128); larger bodies get 413. A body that creates a glossary may hold 10 MiB (DeepL's glossary limit)."),
+    max_glossary_entries: int = typer.Option(100_000, "--max-glossary-entries", help="Entries per glossary at most; a larger one is refused (400)."),
     queue_size: int = typer.Option(64, "--queue-size", help="Requests waiting per model at most; beyond, 503 (429 on DeepL's routes) at once."),
     batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a model's engine waits for more requests to batch with the first one."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Approximate source tokens the engine gathers into one round of batches."),
@@ -70,14 +72,16 @@ def serve(
 
     specs = [parse_model_spec(value) for value in model]
     check_distinct_pairs(specs)
-    for name, value in (("--max-texts", max_texts), ("--max-chars", max_chars), ("--max-body-kib", max_body_kib),
+    for name, value in (("--max-texts", max_texts), ("--max-chars", max_chars), ("--max-lines", max_lines),
+                        ("--max-body-kib", max_body_kib), ("--max-glossary-entries", max_glossary_entries),
                         ("--queue-size", queue_size), ("--max-tokens", max_tokens)):
         if value < 1:
             raise TfmError(f"{name} must be at least 1, got {value}")
     if batch_wait_ms < 0:
         raise TfmError(f"--batch-wait-ms must be 0 or more, got {batch_wait_ms}")
     keys = read_keys(api_keys) if api_keys is not None else None
-    limits = Limits(max_body_bytes=max_body_kib * 1024, max_texts=max_texts, max_chars=max_chars)
+    limits = Limits(max_body_bytes=max_body_kib * 1024, max_texts=max_texts, max_chars=max_chars, max_lines=max_lines,
+                    max_glossary_entries=max_glossary_entries)
     store = GlossaryStore(Path(data_dir) if data_dir is not None else default_data_dir())
     sock = listening_socket(host, port)  # before the slow part: a busy port is said at once
     model_runs.set_up_process(ctx, threads)

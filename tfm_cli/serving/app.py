@@ -117,8 +117,11 @@ def error_response(api: str, status: int, message: str, headers: dict[str, str] 
     return JSONResponse({"message" if api == DEEPL else "error": message}, status_code=status, headers=headers)
 
 
-def endpoint(service: Service, api: str, handler: Callable[[Request, Fields], Awaitable[Response]]) -> Callable:
-    """A route: the body within its limit, the key checked, the fields parsed, every error one JSON answer.
+def endpoint(
+    service: Service, api: str, handler: Callable[[Request, Fields], Awaitable[Response]], body_limit: int | None = None,
+) -> Callable:
+    """A route: the body within its limit (`body_limit` bytes, else the service's), the key checked, the
+    fields parsed, every error one JSON answer.
 
     With keys configured, a wrong key in the Authorization header is refused before the body is read; a
     request without that header must carry a valid `auth_key` / `api_key` field (a body that cannot be
@@ -130,7 +133,7 @@ def endpoint(service: Service, api: str, handler: Callable[[Request, Fields], Aw
             in_header = header_key(request.headers)
             if service.keys is not None and in_header is not None and not key_is_valid(in_header, service.keys):
                 raise ClientError(403, "wrong API key")
-            body = await read_body(request, service.limits.max_body_bytes)
+            body = await read_body(request, body_limit or service.limits.max_body_bytes)
             try:
                 fields = await parse_fields(request, body)
             except ClientError:
@@ -192,6 +195,8 @@ async def translated_texts(
     translation then each further hypothesis (settings.nbest in all)."""
     pieces = [text_lines(text, split_lines) for text in texts]
     lines = [line for piece in pieces for line, _ in piece]
+    if len(lines) > service.limits.max_lines:
+        raise ClientError(400, f"{name} holds {len(lines)} lines, over the limit of {service.limits.max_lines} per request")
     check_markup(lines, settings.markup, name, [i for i, piece in enumerate(pieces) for _ in piece])
     answer = await service.translate(model, settings, lines)
     outputs = iter(answer.lines)
@@ -269,7 +274,7 @@ async def deepl_glossaries(service: Service, request: Request, fields: Fields) -
     values = {name: required_string(fields, name) for name in ("name", "source_lang", "target_lang", "entries")}
     entries_format = optional_string(fields, "entries_format") or "tsv"
     model = service.model(values["source_lang"], values["target_lang"], "source_lang", "target_lang")
-    pairs = parse_entries(values["entries"], entries_format)
+    pairs = parse_entries(values["entries"], entries_format, service.limits.max_glossary_entries)
     info = service.glossaries.create(values["name"], model.source, model.target, pairs)
     return JSONResponse(info.to_json(), status_code=201)
 
@@ -435,11 +440,11 @@ class RequestLog:
 def build_app(service: Service) -> Any:
     """The ASGI application serving `service`, wrapped in the request log."""
 
-    def route(path: str, handler: Callable, api: str, methods: list[str]) -> Route:
+    def route(path: str, handler: Callable, api: str, methods: list[str], body_limit: int | None = None) -> Route:
         async def bound(request: Request, fields: Fields) -> Response:
             return await handler(service, request, fields)
 
-        return Route(path, endpoint(service, api, bound), methods=methods)
+        return Route(path, endpoint(service, api, bound, body_limit), methods=methods)
 
     async def http_error(request: Request, error: Exception) -> Response:
         status = getattr(error, "status_code", 500)
@@ -454,7 +459,7 @@ def build_app(service: Service) -> Any:
         route("/v2/languages", deepl_languages, DEEPL, both),
         route("/v2/usage", deepl_usage, DEEPL, both),
         route("/v2/glossary-language-pairs", deepl_glossary_pairs, DEEPL, ["GET"]),
-        route("/v2/glossaries", deepl_glossaries, DEEPL, both),
+        route("/v2/glossaries", deepl_glossaries, DEEPL, both, service.limits.max_glossary_bytes),
         route("/v2/glossaries/{glossary_id}", deepl_glossary, DEEPL, ["GET", "DELETE"]),
         route("/v2/glossaries/{glossary_id}/entries", deepl_glossary_entries, DEEPL, ["GET"]),
         route("/translate", libre_translate, LIBRETRANSLATE, ["POST"]),

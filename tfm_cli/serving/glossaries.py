@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime
 import io
+import re
 import sqlite3
 import threading
 import uuid
@@ -33,6 +34,8 @@ CREATE TABLE IF NOT EXISTS glossaries (
 )
 """
 INFO_COLUMNS = "glossary_id, name, source_lang, target_lang, creation_time, entry_count"
+# A line (as str.splitlines cuts them) with something besides white space on it.
+NON_BLANK_LINE = re.compile(r"[^\S\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]*[^\s][^\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]*")
 
 
 @dataclass(frozen=True)
@@ -54,15 +57,19 @@ class GlossaryInfo:
         }
 
 
-def parse_entries(text: str, entries_format: str) -> list[tuple[str, str]]:
+def parse_entries(text: str, entries_format: str, max_entries: int) -> list[tuple[str, str]]:
     """The (source term, target term) pairs of DeepL glossary entries in `entries_format` (tsv or csv).
 
     TSV: `source<TAB>target` per line; CSV: `source,target[,source_lang,target_lang]` per row. Blank
     lines are skipped, terms stripped; a term may hold no TAB or line break. Raises TfmError naming the
-    line for a malformed one, an empty term, or a source term listed twice (DeepL refuses those too).
+    line for a malformed one, an empty term, or a source term listed twice (DeepL refuses those too),
+    and for text of more than `max_entries` non-blank lines (counted before anything is split).
     """
     if entries_format not in ENTRY_FORMATS:
         raise TfmError(f"entries_format must be tsv or csv, got {entries_format!r}")
+    lines = sum(1 for _ in NON_BLANK_LINE.finditer(text))
+    if lines > max_entries:
+        raise TfmError(f"entries: {lines} lines, over the limit of {max_entries} entries per glossary")
     if entries_format == "tsv":
         rows = [line.split("\t") for line in text.splitlines()]
     else:

@@ -33,6 +33,9 @@ class Limits:
     max_body_bytes: int = 128 * 1024  # DeepL's limit for a request body
     max_texts: int = 50  # DeepL's limit of texts per request
     max_chars: int = 30_000  # characters of all texts together
+    max_lines: int = 2_000  # lines of all texts together, once cut at their line breaks
+    max_glossary_bytes: int = 10 * 1024 * 1024  # DeepL's limit for a glossary (the body that creates one)
+    max_glossary_entries: int = 100_000
 
 
 @dataclass
