@@ -383,6 +383,33 @@ def test_a_glossary_may_be_larger_than_a_translation_request_but_not_over_its_en
     assert call(server, "GET", "/v2/glossaries")[1]["glossaries"] == before
 
 
+def test_clients_that_disconnect_mid_body_or_mid_translation_do_not_disturb_the_others(server, model):
+    def gone_after(head: bytes, body: bytes) -> None:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(head + body)
+        # closed here: the server reads the rest of the body, or writes its answer, to nobody
+
+    body = json.dumps({"text": [f"{SLOW_WORD} cat"], "target_lang": "DE"}).encode()
+    head = (f"POST /v2/translate HTTP/1.1\r\nHost: x\r\nAuthorization: DeepL-Auth-Key {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n")
+    log_before = server.stderr()
+    server.marker.unlink(missing_ok=True)
+    gone_after(head.format(len(body)).encode(), body)  # whole request sent, gone while it is translated
+    gone_after(head.format(10_000).encode(), body[:20])  # gone in the middle of its body
+    texts = sources(3, 95)
+    status, answer = call(server, "POST", "/v2/translate", {"text": texts, "target_lang": "DE", "split_sentences": "0"})
+    assert status == 200 and [t["text"] for t in answer["translations"]] == cli_lines(model, texts)
+    deadline = time.monotonic() + 30
+    while not server.marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.marker.exists()  # the first one did reach the engine
+    time.sleep(SLOW_SECONDS + 0.5)  # its answer has been written to the closed connection by now
+    assert call(server, "GET", "/v2/usage")[0] == 200
+    new_log = server.stderr()[len(log_before):]
+    assert "Traceback" not in new_log and "error:" not in new_log, new_log
+    assert '"POST /v2/translate" 400' in new_log  # the cut body: one log line, no traceback
+
+
 def test_old_deepl_clients_send_a_form_with_auth_key(server, model):
     text = sources(1, 80)[0]
     form = f"auth_key={KEY}&text={urllib.parse.quote(text)}&target_lang=DE&split_sentences=0".encode()

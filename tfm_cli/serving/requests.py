@@ -100,14 +100,20 @@ def checked_length(headers: Any, limit: int) -> None:
 
 
 async def read_body(request: Any, limit: int) -> bytes:
-    """The request's body, read only while it stays within `limit` bytes (413 beyond)."""
+    """The request's body, read only while it stays within `limit` bytes (413 beyond; 400 when the client
+    goes away before sending all of it: nobody reads that answer, but the log shows the request's end)."""
+    from starlette.requests import ClientDisconnect
+
     checked_length(request.headers, limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ClientError(413, f"the request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ClientError(413, f"the request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientError(400, f"the client closed the connection after {size} bytes of its body") from None
     return b"".join(chunks)
 
 
