@@ -461,6 +461,7 @@ def test_every_request_gets_one_log_line_and_no_traceback(server):
 def test_serve_without_its_extra_or_a_language_pair_is_one_line(model, monkeypatch):
     assert_one_line_error(run_cli(["serve", "-m", str(model)]), "does not record its languages; name the pair: -m de-en=")
     assert_one_line_error(run_cli(["serve", "-m", f"en-de={model}", "-m", f"EN-DE={model}"]), "two models serve en-de")
+    assert_one_line_error(run_cli(["serve", "-m", f"en-de={model}", "--workers", "0"]), "--workers must be at least 1")
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
     assert_one_line_error(run_cli(["serve", "-m", f"en-de={model}"]), r"pip install 'tfm-cli\[serve\]'")
 
@@ -468,6 +469,57 @@ def test_serve_without_its_extra_or_a_language_pair_is_one_line(model, monkeypat
 def test_a_busy_port_is_one_line(server, model, data_dir):
     result = run_cli(["serve", "-m", f"en-de={model}", "--port", str(server.port), "--data-dir", data_dir])
     assert_one_line_error(result, f"cannot listen on 127.0.0.1:{server.port}")
+
+
+def test_workers_share_the_port_and_the_glossaries_and_all_stop_on_sigterm(model, data_dir, keys_file, tmp_path):
+    import re
+
+    workers = Server(tmp_path / "workers", model, data_dir, keys_file, "--workers", "2")
+    try:
+        pid = workers.process.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        assert len(children) == 2
+        glossary = deepl.Translator(KEY, server_url=workers.url).create_glossary("shared", "EN", "DE", {"dog": "hundo"})
+        texts = sources(4, 120)
+        expected = cli_lines(model, texts)
+        readers: set[str] = set()
+        for _ in range(64):  # each call is a new connection; the kernel gives it to either worker
+            status, answer = call(workers, "POST", "/v2/translate", {"text": texts, "target_lang": "DE", "split_sentences": "0"})
+            assert status == 200 and [t["text"] for t in answer["translations"]] == expected
+            assert call(workers, "GET", f"/v2/glossaries/{glossary.glossary_id}")[0] == 200
+            readers = set(re.findall(rf'worker (\d): \S+ "GET /v2/glossaries/{glossary.glossary_id}" 200', workers.stderr()))
+            if readers == {"1", "2"}:
+                break
+        assert readers == {"1", "2"}  # a glossary made through one worker is read by both
+
+        workers.marker.unlink(missing_ok=True)
+        answer: dict[str, object] = {}
+        thread = threading.Thread(target=lambda: answer.update(result=call(
+            workers, "POST", "/v2/translate", {"text": [f"{SLOW_WORD} dog", *texts], "target_lang": "DE", "split_sentences": "0"})))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not workers.marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert workers.marker.exists(), workers.stderr()
+        workers.process.send_signal(signal.SIGTERM)
+        thread.join(30)
+        status, body = answer["result"]
+        assert status == 200 and [t["text"] for t in body["translations"]][1:] == expected
+        assert workers.process.wait(30) == 0, workers.stderr()
+        assert not any(Path(f"/proc/{child}").exists() for child in children)
+        assert "Traceback" not in workers.stderr()
+    finally:
+        workers.stop()
+
+
+def test_a_model_the_workers_cannot_load_is_said_once(tmp_path, data_dir):
+    damaged = tmp_path / "damaged.safetensors"
+    damaged.write_bytes(b"not a checkpoint")
+    done = subprocess.run([sys.executable, "-m", "tfm_cli", "serve", "-m", f"de-en={damaged}", "--workers", "3", "--port", "0",
+                           "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("error:") == 1 and "not a safetensors file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # Last: it stops the module's server.

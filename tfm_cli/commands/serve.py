@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -49,6 +50,7 @@ def serve(
     device: str = device_option(),
     dtype: str = dtype_option(),
     threads: int = threads_option(),
+    workers: int = typer.Option(1, "--workers", help="Server processes sharing the port, each with its own copy of the models (Linux/macOS); e.g. one per core with --threads 1, for machines where one process's engine cannot use every core."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No request log lines or other messages on stderr (errors still show)."),
 ) -> None:
     """Serve models over HTTP: the DeepL v2 and LibreTranslate APIs, and tfm's own with alignments and scores.
@@ -69,6 +71,7 @@ def serve(
     from tfm_cli.serving.glossaries import GlossaryStore
     from tfm_cli.serving.models import check_distinct_pairs, parse_model_spec
     from tfm_cli.serving.requests import Limits, read_keys
+    from tfm_cli.serving.workers import check_can_fork, serve_in_workers
 
     specs = [parse_model_spec(value) for value in model]
     check_distinct_pairs(specs)
@@ -79,18 +82,63 @@ def serve(
             raise TfmError(f"{name} must be at least 1, got {value}")
     if batch_wait_ms < 0:
         raise TfmError(f"--batch-wait-ms must be 0 or more, got {batch_wait_ms}")
-    keys = read_keys(api_keys) if api_keys is not None else None
+    check_can_fork(workers)
     limits = Limits(max_body_bytes=max_body_kib * 1024, max_texts=max_texts, max_chars=max_chars, max_lines=max_lines,
                     max_glossary_entries=max_glossary_entries)
-    store = GlossaryStore(Path(data_dir) if data_dir is not None else default_data_dir())
+    setup = ServeSetup(
+        specs, read_keys(api_keys) if api_keys is not None else None, limits,
+        Path(data_dir) if data_dir is not None else default_data_dir(),
+        dict(threads=threads, queue_size=queue_size, batch_wait_ms=batch_wait_ms, max_tokens=max_tokens),
+        device, dtype, threads, host, quiet,
+    )
+    GlossaryStore(setup.data_folder).close()  # a folder where the database cannot be kept is said before anything loads
     sock = listening_socket(host, port)  # before the slow part: a busy port is said at once
-    model_runs.set_up_process(ctx, threads)
     try:
-        placement = model_runs.resolve_placement(device, dtype, quiet)
-        service = load_service(specs, store, keys, limits, placement, threads, queue_size, batch_wait_ms, max_tokens, quiet)
-        run_server(uvicorn, service, sock, host, quiet)
+        if workers == 1:
+            serve_in_this_process(ctx, uvicorn, setup, sock)
+        else:
+            def announce() -> None:
+                print_info(listening_line(sock, setup, workers), quiet=quiet)
+                sock.close()  # the workers listen; the parent's copy would only queue connections nobody takes at the end
+
+            code = serve_in_workers(workers, lambda number, ready: serve_in_this_process(ctx, uvicorn, setup, sock, number, ready),
+                                    announce)
+            if code:
+                raise typer.Exit(code)
     finally:
         sock.close()
+
+
+@dataclass
+class ServeSetup:
+    """What `tfm serve` was asked for, checked: the models, keys, limits, glossary folder and engine settings."""
+
+    specs: list
+    keys: frozenset[str] | None
+    limits: object
+    data_folder: Path
+    engine_settings: dict  # threads, queue_size, batch_wait_ms, max_tokens
+    device: str
+    dtype: str
+    threads: int
+    host: str
+    quiet: bool
+
+
+def serve_in_this_process(ctx: typer.Context, uvicorn, setup: ServeSetup, sock, worker: int | None = None, ready=None) -> None:
+    """Load the models and serve on `sock` until SIGTERM or Ctrl-C. worker: this process's number among
+    `--workers` (None: the only server process, which says where it listens); ready() once it can answer."""
+    from tfm_cli.serving.glossaries import GlossaryStore
+
+    quiet = setup.quiet
+    model_runs.set_up_process(ctx, setup.threads)
+    placement = model_runs.resolve_placement(setup.device, setup.dtype, quiet or bool(worker))
+    store = GlossaryStore(setup.data_folder)  # each worker its own connection: one must not cross a fork
+    try:
+        service = load_service(setup.specs, store, setup.keys, setup.limits, placement, setup.engine_settings, quiet,
+                               log_prefix="" if worker is None else f"worker {worker + 1}: ", show_loading=not worker)
+        run_server(uvicorn, service, sock, setup, ready=ready, announce=worker is None)
+    finally:
         store.close()
 
 
@@ -114,26 +162,43 @@ def listening_socket(host: str, port: int):
     return sock
 
 
-def load_service(specs, store, keys, limits, placement, threads, queue_size, batch_wait_ms, max_tokens, quiet):
-    """Load every model on `placement` and start its engine; the Service the routes share."""
+def load_service(specs, store, keys, limits, placement, engine_settings: dict, quiet: bool, log_prefix: str = "",
+                 show_loading: bool = True):
+    """Load every model on `placement` and build its engine (not started); the Service the routes share.
+
+    engine_settings: threads, queue_size, batch_wait_ms, max_tokens. log_prefix starts each request log line.
+    """
     from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
     from tfm_cli.serving.engine import Engine
 
     models = []
     for spec in specs:
         loaded = model_runs.load_placed_model(spec.path, placement)
-        engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=queue_size, max_tokens=max_tokens,
-                        max_wait_s=batch_wait_ms / 1000, threads=threads)
+        engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=engine_settings["queue_size"],
+                        max_tokens=engine_settings["max_tokens"], max_wait_s=engine_settings["batch_wait_ms"] / 1000,
+                        threads=engine_settings["threads"])
         models.append(ServedModel(spec, engine))
-        print_info(f"loaded {spec.pair}: {spec.path}", quiet=quiet)
-    log = (lambda line: None) if quiet else (lambda line: print_info(line))
+        print_info(f"loaded {spec.pair}: {spec.path}", quiet=quiet or not show_loading)
+    log = (lambda line: None) if quiet else (lambda line: print_info(log_prefix + line))
     return Service(models, store, keys, limits, log)
 
 
-def run_server(uvicorn, service, sock, host: str, quiet: bool) -> None:
+def listening_line(sock, setup: ServeSetup, workers: int = 1) -> str:
+    """The line that says where the server listens, with its keys, glossary database and workers."""
+    from tfm_cli.serving.glossaries import DATABASE_NAME
+
+    shown_host = f"[{setup.host}]" if ":" in setup.host else setup.host
+    key_count = f"{len(setup.keys)} API key(s)" if setup.keys is not None else "no API keys"
+    processes = f"; {workers} workers" if workers > 1 else ""
+    return (f"listening on http://{shown_host}:{sock.getsockname()[1]} ({key_count}; "
+            f"glossaries in {setup.data_folder / DATABASE_NAME}{processes})")
+
+
+def run_server(uvicorn, service, sock, setup: ServeSetup, ready=None, announce: bool = True) -> None:
     """Serve until SIGTERM or Ctrl-C: uvicorn stops accepting, finishes the requests in flight, then the
     engines answer what is queued and stop. SIGTERM then returns normally (exit 0, what supervisors
-    expect); Ctrl-C exits 130 as every command does."""
+    expect); Ctrl-C exits 130 as every command does. ready(), if given, is called once the engines run;
+    announce: say where the server listens (a worker leaves that to its parent)."""
     import signal
 
     from tfm_cli.serving.app import build_app
@@ -146,10 +211,10 @@ def run_server(uvicorn, service, sock, host: str, quiet: bool) -> None:
     )
     server = uvicorn.Server(config)
     service.stopping = lambda: server.should_exit  # answers in flight at shutdown then say Connection: close
-    bound_port = sock.getsockname()[1]
-    shown_host = f"[{host}]" if ":" in host else host
-    keys = f"{len(service.keys)} API key(s)" if service.keys is not None else "no API keys"
-    print_info(f"listening on http://{shown_host}:{bound_port} ({keys}; glossaries in {service.glossaries.path})", quiet=quiet)
+    if announce:
+        print_info(listening_line(sock, setup), quiet=setup.quiet)
+    if ready is not None:
+        ready()
     # uvicorn raises the signal it stopped for again once it has shut down: SIGTERM is then ignored here
     # (the command ends normally), where tfm's own handler would make it exit 143.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -159,4 +224,4 @@ def run_server(uvicorn, service, sock, host: str, quiet: bool) -> None:
         for served in service.models:
             served.engine.stop()
         signal.signal(signal.SIGTERM, previous)
-    print_info("stopped: every accepted request was answered", quiet=quiet)
+    print_info("stopped: every accepted request was answered", quiet=setup.quiet or not announce)
