@@ -78,3 +78,34 @@ def test_settings_the_library_refuses_fail_that_request_only(random_checkpoint):
         missing.result(60)
     assert fine.result(60).lines[0].outputs
     engine.stop()
+
+
+def test_a_burst_of_requests_is_gathered_whole_and_a_pause_starts_a_new_round(random_checkpoint, counted_chunks, one_torch_thread):
+    import time
+
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_wait_s=0.5)
+    engine.start()
+    burst = ["the dog", "a cat", "my two dogs", "the big cat"]
+    futures = []
+    for line in burst:  # each within max_wait_s of the one before: the burst lasts longer than one max_wait_s
+        futures.append(engine.submit(RequestSettings(), [line]))
+        time.sleep(0.2)
+    assert [future.result(60).lines[0].source for future in futures] == burst
+    time.sleep(1.0)  # a pause longer than max_wait_s
+    assert engine.submit(RequestSettings(), ["a dog"]).result(60).lines[0].source == "a dog"
+    engine.stop()
+    assert counted_chunks == [burst, ["a dog"]]
+
+
+def test_a_lone_client_is_not_kept_waiting_for_others(random_checkpoint, counted_chunks, one_torch_thread):
+    import time
+
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_wait_s=5.0)
+    engine.start()
+    engine.submit(RequestSettings(), ["the dog"]).result(60)  # the first round waits for others
+    started = time.monotonic()
+    for line in ["a cat", "my two dogs"]:  # then one request at a time, each alone in its round
+        assert engine.submit(RequestSettings(), [line]).result(60).lines[0].source == line
+    assert time.monotonic() - started < 5.0  # neither waited max_wait_s
+    engine.stop()
+    assert counted_chunks == [["the dog"], ["a cat"], ["my two dogs"]]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -45,7 +47,7 @@ def serve(
     max_body_kib: int = typer.Option(128, "--max-body-kib", help="Request body size limit in KiB (DeepL's: 128); larger bodies get 413. A body that creates a glossary may hold 10 MiB (DeepL's glossary limit)."),
     max_glossary_entries: int = typer.Option(100_000, "--max-glossary-entries", help="Entries per glossary at most; a larger one is refused (400)."),
     queue_size: int = typer.Option(64, "--queue-size", help="Requests waiting per model at most; beyond, 503 (429 on DeepL's routes) at once."),
-    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a model's engine waits for more requests to batch with the first one."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a model's engine waits for the next request to batch with those it has (up to ten waits per round; none for a lone client)."),
     max_tokens: int = typer.Option(8000, "--max-tokens", help="Approximate source tokens the engine gathers into one round of batches."),
     device: str = device_option(),
     dtype: str = dtype_option(),
@@ -194,6 +196,12 @@ def listening_line(sock, setup: ServeSetup, workers: int = 1) -> str:
             f"glossaries in {setup.data_folder / DATABASE_NAME}{processes})")
 
 
+def wait_until(condition, poll_s: float = 0.01) -> None:
+    """Return once condition() is true."""
+    while not condition():
+        time.sleep(poll_s)
+
+
 def run_server(uvicorn, service, sock, setup: ServeSetup, ready=None, announce: bool = True) -> None:
     """Serve until SIGTERM or Ctrl-C: uvicorn stops accepting, finishes the requests in flight, then the
     engines answer what is queued and stop. SIGTERM then returns normally (exit 0, what supervisors
@@ -213,8 +221,8 @@ def run_server(uvicorn, service, sock, setup: ServeSetup, ready=None, announce: 
     service.stopping = lambda: server.should_exit  # answers in flight at shutdown then say Connection: close
     if announce:
         print_info(listening_line(sock, setup), quiet=setup.quiet)
-    if ready is not None:
-        ready()
+    if ready is not None:  # said once uvicorn runs (and has its signal handlers): a SIGTERM then stops it
+        threading.Thread(target=lambda: (wait_until(lambda: server.started), ready()), daemon=True).start()
     # uvicorn raises the signal it stopped for again once it has shut down: SIGTERM is then ignored here
     # (the command ends normally), where tfm's own handler would make it exit 143.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,9 +1,13 @@
 """One engine per served model: a thread that owns the model and answers queued requests in shared batches.
 
-Dynamic batching: the thread takes the oldest request, then whatever else arrives within `max_wait_s`
-(up to `max_tokens` approximate source tokens), groups the lines of requests with the same settings,
-translates each group with one Translator.translate_chunk call, and hands each request its own lines
-in order. A sentence's translation does not depend on its batch (inference/translation.py), so a
+Dynamic batching: the thread takes the oldest request, then every request that follows it within
+`max_wait_s` of the one before (a burst of requests, such as many clients sending their next one
+when a round of answers goes out, is gathered whole), for at most MAX_GATHER_WAITS x `max_wait_s` in
+all and up to `max_tokens` approximate source tokens; requests that arrive while a round is searched
+wait in the queue for the next. When the last round held a single request and nothing else is
+queued, nobody else is sending: the request is answered without waiting (one client's latency). It groups the lines of
+requests with the same settings, translates each group with one Translator.translate_chunk call, and
+hands each request its own lines in order. A sentence's translation does not depend on its batch (inference/translation.py), so a
 request gets what `tfm translate` gives for its lines. A Translator is built once per distinct
 settings and kept. The queue is bounded: a request that finds it full is refused at once (QueueFull).
 """
@@ -32,6 +36,7 @@ from tfm_cli.inference.translation import BatchingConfig, OutputFormat, Translat
 # in characters / CHARS_PER_TOKEN, so that filling a batch needs no tokenizing in the request's path.
 CHARS_PER_TOKEN = 4
 TRANSLATORS_KEPT = 32  # distinct request settings whose Translator is kept (most recently used)
+MAX_GATHER_WAITS = 10  # a round is gathered for at most this many max_wait_s, however requests keep coming
 STOP = object()
 
 
@@ -124,16 +129,17 @@ class Engine:
             import torch
 
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
-        stopping = False
+        stopping, alone = False, False
         while not stopping:
             first = self.queue.get()
             if first is STOP:
                 break
             jobs, tokens = [first], first.tokens
-            deadline = time.monotonic() + self.max_wait_s
+            wait = 0.0 if alone and self.queue.empty() else self.max_wait_s
+            last_call = time.monotonic() + MAX_GATHER_WAITS * wait
             while tokens < self.max_tokens:
                 try:
-                    job = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    job = self.queue.get(timeout=max(0.0, min(wait, last_call - time.monotonic())))
                 except queue.Empty:
                     break
                 if job is STOP:
@@ -141,6 +147,7 @@ class Engine:
                     break
                 jobs.append(job)
                 tokens += job.tokens
+            alone = len(jobs) == 1
             self.answer(jobs)
 
     def answer(self, jobs: list[Job]) -> None:

@@ -92,7 +92,7 @@ def serve_in_workers(count: int, serve_one: Callable[[int, Callable[[], None]], 
     """Run `count` forked workers, each `serve_one(number, ready)` (it calls ready() once it can answer, then
     serves until SIGTERM or Ctrl-C); `announce()` once all are ready. Returns the command's exit code."""
     running: set[int] = set()
-    stopping: list[int] = []  # the signal that asked the workers to stop, once one did
+    stopping: list[int] = []  # the signals that asked the workers to stop
 
     def forward(signum, frame) -> None:
         stopping.append(signum)
@@ -100,34 +100,47 @@ def serve_in_workers(count: int, serve_one: Callable[[int, Callable[[], None]], 
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
-        for number in range(count):
-            pid = fork_worker(number, serve_one)
-            if pid is None:
-                stop(running)
-                wait_all(running)
-                return 1
-            running.add(pid)
-        announce()
-        failed = None
-        while running:
-            try:
-                pid, status = os.waitpid(-1, 0)
-            except KeyboardInterrupt:  # Ctrl-C reached the workers too: each stops itself
-                stopping.append(signal.SIGINT)
-                continue
-            except ChildProcessError:
-                break
-            running.discard(pid)
-            code = os.waitstatus_to_exitcode(status)
-            if not stopping and failed is None:
-                failed = code
-                print_error(f"a server worker ended on its own (exit code {code}); stopping the others")
-                stop(running)
-        if failed is not None:
-            return 1
-        return INTERRUPTED if signal.SIGINT in stopping else 0
+        try:
+            for number in range(count):
+                if stopping:
+                    break
+                pid = fork_worker(number, serve_one)
+                if pid is None:
+                    stop(running)
+                    wait_all(running)
+                    return 1
+                running.add(pid)
+        except KeyboardInterrupt:
+            stopping.append(signal.SIGINT)
+        if stopping:  # a signal came while the workers started: those that did stop now
+            stop(running)
+        else:
+            announce()
+        return wait_for_workers(running, stopping)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def wait_for_workers(running: set[int], stopping: list[int]) -> int:
+    """Wait until every worker in `running` has ended; the exit code for the command (see serve_in_workers)."""
+    failed = False
+    while running:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); passed on in case not
+            stopping.append(signal.SIGINT)
+            stop(running)
+            continue
+        except ChildProcessError:
+            break
+        running.discard(pid)
+        if not stopping and not failed:
+            failed = True
+            print_error(f"a server worker ended on its own (exit code {os.waitstatus_to_exitcode(status)}); stopping the others")
+            stop(running)
+    if failed:
+        return 1
+    return INTERRUPTED if signal.SIGINT in stopping else 0
 
 
 def wait_all(pids: set[int]) -> None:
