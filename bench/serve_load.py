@@ -134,19 +134,39 @@ class Sentences:
 
 @dataclass
 class Target:
+    """Where requests go and in which API: DeepL's /v2/translate (split_sentences=0), or LibreTranslate's
+    /translate (q as a list; each line translated whole), which LibreTranslate itself serves too."""
+
     port: int
     source_lang: str
     target_lang: str
+    api: str = "deepl"
+
+    @property
+    def path(self) -> str:
+        return "/v2/translate" if self.api == "deepl" else "/translate"
 
     def body(self, texts: list[str]) -> bytes:
+        if self.api == "libretranslate":
+            return json.dumps({"q": texts, "source": self.source_lang.lower(), "target": self.target_lang.lower(),
+                               "format": "text"}).encode("utf-8")
         return json.dumps({"text": texts, "source_lang": self.source_lang, "target_lang": self.target_lang,
                            "split_sentences": "0"}).encode("utf-8")
+
+    def count(self, answer: bytes) -> int:
+        """How many translations an answer holds (-1 when it is not the API's shape)."""
+        try:
+            decoded = json.loads(answer)
+            found = decoded["translations"] if self.api == "deepl" else decoded["translatedText"]
+        except (ValueError, KeyError, TypeError):
+            return -1
+        return len(found) if isinstance(found, list) else -1
 
 
 async def one_request(connection: Connection, target: Target, texts: list[str], close: bool = False) -> Result:
     started = time.perf_counter()
     try:
-        status, answer = await asyncio.wait_for(connection.post("/v2/translate", target.body(texts), close), REQUEST_TIMEOUT_S)
+        status, answer = await asyncio.wait_for(connection.post(target.path, target.body(texts), close), REQUEST_TIMEOUT_S)
     except ConnectionRefusedError:
         return Result(started, time.perf_counter() - started, 0, "refused")
     except Dropped as error:
@@ -155,13 +175,8 @@ async def one_request(connection: Connection, target: Target, texts: list[str], 
         connection.close()
         return Result(started, time.perf_counter() - started, 0, "timeout")
     latency = time.perf_counter() - started
-    if status == 200:
-        try:
-            count = len(json.loads(answer)["translations"])
-        except (ValueError, KeyError, TypeError):
-            count = -1
-        if count != len(texts):
-            return Result(started, latency, status, "wrong answer")
+    if status == 200 and target.count(answer) != len(texts):
+        return Result(started, latency, status, "wrong answer")
     return Result(started, latency, status)
 
 
@@ -235,24 +250,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rss_mib(pid: int) -> float:
-    """VmRSS of process `pid` in MiB (0 when it is gone)."""
+def with_children(pid: int) -> list[int]:
+    """`pid` and its child processes (the workers of `tfm serve --workers N`)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        return [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
     except OSError:
-        pass
-    return 0.0
+        return [pid]
+
+
+def rss_mib(pid: int) -> float:
+    """VmRSS of process `pid` and its children in MiB, summed (0 when it is gone)."""
+    total = 0.0
+    for process in with_children(pid):
+        try:
+            for line in Path(f"/proc/{process}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (its threads included)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    """User + system CPU seconds of process `pid` and its children so far (their threads included)."""
+    total = 0.0
+    for process in with_children(pid):
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 class Server:
@@ -483,7 +511,7 @@ def run_soak(args, target, sentences, folder, out, checks) -> None:
 
 
 def target_for(server: Server, target: Target) -> Target:
-    return Target(server.port, target.source_lang, target.target_lang)
+    return Target(server.port, target.source_lang, target.target_lang, target.api)
 
 
 def run_sigterm(args, target, sentences, folder, out, checks) -> None:
