@@ -573,3 +573,30 @@ def test_sigterm_answers_the_request_in_flight_exits_0_and_a_restart_keeps_the_g
         restarted.stop()
     assert restarted.process.returncode == 0
     assert "Traceback" not in restarted.stderr()
+
+
+def test_the_listening_socket_turns_nagles_algorithm_off_for_every_connection():
+    # Without TCP_NODELAY an answer written in two parts (headers, body) waits for the client's delayed
+    # ACK: ~40 ms on every keep-alive request. asyncio sets it only on sockets that say they are TCP.
+    import asyncio
+
+    from tfm_cli.commands.serve import listening_socket
+
+    sock = listening_socket("127.0.0.1", 0)
+
+    async def accepted_nodelay() -> int:
+        seen: list[int] = []
+
+        async def handle(reader, writer) -> None:
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        await reader.read()
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return seen[0]
+
+    assert asyncio.run(accepted_nodelay()) != 0
