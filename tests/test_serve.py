@@ -477,8 +477,13 @@ def test_workers_share_the_port_and_the_glossaries_and_all_stop_on_sigterm(model
     workers = Server(tmp_path / "workers", model, data_dir, keys_file, "--workers", "2")
     try:
         pid = workers.process.pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        # /health answers once the first worker is up; the second is forked after it.
+        deadline = time.monotonic() + 120
+        while len(children := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(children) == 2
+        while "listening on" not in workers.stderr() and time.monotonic() < deadline:  # said once both are ready
+            time.sleep(0.1)
         glossary = deepl.Translator(KEY, server_url=workers.url).create_glossary("shared", "EN", "DE", {"dog": "hundo"})
         texts = sources(4, 120)
         expected = cli_lines(model, texts)
