@@ -28,8 +28,9 @@ from datetime import date
 from pathlib import Path
 
 from prepare_corpus import cpu_flags
-from tfm_cli.inference.alignment import parse_pharaoh, word_char_offsets
+from tfm_cli.inference.alignment import parse_pharaoh
 from tfm_cli.inference.markup import Element, parse_markup
+from tfm_cli.tokenization.words import word_char_offsets
 
 OPENERS = ['<b id="e{n}">', '<i id="e{n}">', '<a id="e{n}" href="https://example.org/?q=1&amp;r={n}">']
 

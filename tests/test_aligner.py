@@ -135,7 +135,8 @@ def test_the_written_checkpoint_is_the_model_unchanged_plus_the_aligner(trained_
     assert before.weights.keys() == after.weights.keys()
     assert all(torch.equal(before.weights[name], after.weights[name]) for name in before.weights)
     assert set(after.aligner_weights) == set(aligner_shapes(after.config, 64, 32, context=True))
-    assert after.alignment["aligner"] is True and after.provenance["aligner"]["pairs"] == 1000
+    assert after.alignment["aligner"] is True
+    assert after.provenance["aligner"]["pairs"] == 980 and after.provenance["aligner"]["held_out_pairs"] == 20  # 2%
     loaded = load_model(trained_aligner)
     assert loaded.aligner is not None and loaded.alignment.aligner and loaded.alignment.shift and loaded.alignment.null
     text = "the big dog sees a small cat\ntwo cats see the dog\n"
@@ -147,7 +148,8 @@ def test_the_written_checkpoint_is_the_model_unchanged_plus_the_aligner(trained_
 def aligner_links_of_pieces(checkpoint: Path, source: str, pieces: list[str]) -> str:
     """The Pharaoh links the checkpoint's aligner gives `source` and the target `pieces`, built from the
     alignment primitives: shifted rows, words from '▁' pieces, NULL when </s> outweighs every word."""
-    from tfm_cli.inference.alignment import hard_alignment, merge_to_words, null_weights, pharaoh, piece_rows, word_spans
+    from tfm_cli.inference.alignment import hard_alignment, merge_to_words, null_weights, pharaoh, piece_rows
+    from tfm_cli.tokenization.words import word_spans
 
     loaded = load_model(checkpoint)
     config, src_tokenizer, tgt_tokenizer = loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer
@@ -278,7 +280,83 @@ def test_a_small_batch_trained_often_weighs_as_its_rows_not_as_a_full_step_each_
                             mask.expand(rows, -1), tgt_mask.expand(rows, -1), reference, repeat=repeat)
 
     aligner = train_aligner([batch(32, 0, 1), batch(1, 1, 32)], config,
-                            AlignerTrainingConfig(epochs=4, hidden=16, dim=8, context=False, lr=1e-2))
+                            AlignerTrainingConfig(epochs=4, hidden=16, dim=8, context=False, lr=1e-2)).aligner
     with torch.no_grad():
         to_second = aligner(states, memory, mask, tgt_mask).exp()[0, 0, 1].item()
     assert 0.25 < to_second < 0.75
+
+
+FIXTURE = Path(__file__).parent / "data" / "aligner_before_held_out"
+
+
+def test_an_aligner_checkpoint_written_before_held_out_training_aligns_as_it_did():
+    # tests/data/aligner_before_held_out/README.md says how the files were made.
+    common = ["-m", FIXTURE / "aligned.safetensors", "--threads", "1"]
+    aligned = run_cli(["align", *common, "--src", FIXTURE / "pairs.src", "--tgt", FIXTURE / "pairs.tgt"])
+    assert aligned.exit_code == 0, aligned.stderr
+    assert aligned.stdout == (FIXTURE / "expected.align").read_text(encoding="utf-8")
+    translated = run_cli(["translate", *common, "--alignment"], input=(FIXTURE / "pairs.src").read_text(encoding="utf-8"))
+    assert translated.exit_code == 0, translated.stderr
+    assert translated.stdout == (FIXTURE / "expected.translate").read_text(encoding="utf-8")
+
+
+@pytest.mark.unit
+def test_training_stops_when_the_held_out_loss_stops_falling_and_keeps_the_best_epoch():
+    """The held-out pairs want the other link than the trained ones: each epoch moves the aligner away
+    from them, so epoch 1 is the best, training stops `patience` epochs later, and epoch 1's aligner is returned."""
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig, train_aligner
+
+    config = tiny_config()
+    torch.manual_seed(0)
+    states, memory = torch.randn(8, 1, config.n_dec_layers * 32), torch.randn(8, 2, 32)
+    mask, tgt_mask = torch.ones(8, 2, dtype=torch.bool), torch.ones(8, 1, dtype=torch.bool)
+
+    def batch(column: int) -> AlignerBatch:
+        reference = torch.zeros(8, 1, 2)
+        reference[:, 0, column] = 1.0
+        return AlignerBatch(states.half(), memory.half(), mask, tgt_mask, reference)
+
+    seen = []
+    settings = AlignerTrainingConfig(epochs=10, hidden=16, dim=8, context=False, lr=1e-2, patience=2)
+    trained = train_aligner([batch(0)], config, settings, held_out=[batch(1)], on_epoch=seen.append)
+    assert [result.epoch for result in seen] == [1, 2, 3] and trained.best_epoch == 1
+    assert seen[0].held_out_loss < seen[1].held_out_loss < seen[2].held_out_loss
+    assert [result.best for result in seen] == [True, False, False]
+    with torch.no_grad():  # the held-out loss of what was returned, computed here: epoch 1's
+        log_probs = trained.aligner(states.half().float(), memory.half().float(), mask, tgt_mask)
+    assert -log_probs[:, 0, 1].mean().item() == pytest.approx(seen[0].held_out_loss, rel=1e-5)
+
+
+def test_train_aligner_reports_each_epochs_losses_and_records_the_best_epoch(random_checkpoint, synthetic, tmp_path):
+    for name in ("src", "tgt", "align"):
+        lines = synthetic[f"train.{name}"].read_text(encoding="utf-8").splitlines()[:400]
+        (tmp_path / f"train.{name}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    common = ["train-aligner", "-m", random_checkpoint, "--src", tmp_path / "train.src", "--tgt", tmp_path / "train.tgt",
+              "--links", tmp_path / "train.align", "--epochs", "3", "--lr", "5e-3", *SIZES, "--threads", "1"]
+    held = run_cli([*common, "--held-out", "0.1", "-o", tmp_path / "held.safetensors"])
+    assert held.exit_code == 0, held.stderr
+    assert "360 of 400 pairs to learn from and 40 held out" in held.stderr
+    epoch_lines = [line for line in held.stderr.splitlines() if line.startswith("aligner epoch")]
+    assert len(epoch_lines) == 3 and all("held-out" in line for line in epoch_lines)
+    record = read_checkpoint(tmp_path / "held.safetensors").provenance["aligner"]
+    assert record["held_out_pairs"] == 40 and 1 <= record["best_epoch"] <= record["epochs"] == 3
+    assert f"the aligner of epoch {record['best_epoch']} of 3 (held-out loss {record['held_out_loss']:.4f}" in held.stderr
+    none = run_cli([*common, "--held-out", "0", "-o", tmp_path / "all.safetensors"])
+    assert none.exit_code == 0 and "400 of 400 pairs to learn from and 0 held out" in none.stderr
+    assert read_checkpoint(tmp_path / "all.safetensors").provenance["aligner"]["best_epoch"] == 3
+    bad = run_cli([*common, "--held-out", "0.9", "-o", tmp_path / "bad.safetensors"])
+    assert bad.exit_code == 1 and "--held-out" in bad.stderr and not (tmp_path / "bad.safetensors").exists()
+
+
+def test_flags_that_contradict_a_trained_aligner_are_refused_or_warned_about(trained_aligner, synthetic):
+    line = synthetic["test.src"].read_text(encoding="utf-8").splitlines()[0] + "\n"
+    unshifted = run_cli(["translate", "-m", trained_aligner, "--alignment", "--no-align-shift"], input=line)
+    assert unshifted.exit_code == 1 and unshifted.stdout == ""
+    assert len(unshifted.stderr.strip().splitlines()) == 1 and "--no-align-shift contradicts" in unshifted.stderr
+    pair = ["--src", synthetic["test.src"], "--tgt", synthetic["test.tgt"]]
+    assert run_cli(["align", "-m", trained_aligner, *pair, "--no-align-shift"]).exit_code == 1
+    no_null = run_cli(["translate", "-m", trained_aligner, "--alignment", "--no-align-null"], input=line)
+    assert no_null.exit_code == 0 and "--no-align-null" in no_null.stderr and no_null.stdout
+    # With the aligner set aside, the flags choose how the attention head is read: no contradiction.
+    head = run_cli(["translate", "-m", trained_aligner, "--alignment", "--align-layer", "0", "--no-align-shift"], input=line)
+    assert head.exit_code == 0 and "contradicts" not in head.stderr and "--no-align" not in head.stderr

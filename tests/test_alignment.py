@@ -12,10 +12,9 @@ from tfm_cli.inference.alignment import (
     parse_pharaoh,
     pharaoh,
     transpose_pairs,
-    word_char_offsets,
-    word_spans,
 )
 from tfm_cli.inference.symmetrization import intersection
+from tfm_cli.tokenization.words import word_char_offsets, word_spans
 
 
 @pytest.mark.parametrize(
@@ -41,16 +40,17 @@ def test_word_spans_edge_cases(pieces, expected):
     assert word_spans(pieces) == expected
 
 
-def test_word_char_offsets_split_on_ascii_space_only():
-    text = "Ein  Mann\u00a0fährt\tRad ."
+def test_word_char_offsets_split_on_every_whitespace_character():
+    text = "Ein  Mann\u00a0fährt\tRad\u3000\u2009."
     offsets = word_char_offsets(text)
-    assert [text[a:b] for a, b in offsets] == ["Ein", "Mann\u00a0fährt\tRad", "."]
+    assert [text[a:b] for a, b in offsets] == ["Ein", "Mann", "fährt", "Rad", "."]
     assert word_char_offsets("") == [] and word_char_offsets("   ") == []
     assert word_char_offsets(" a") == [(1, 2)]
 
 
 # Lines unlike the tokenizer's training text: unseen characters (pieces of their own), punctuation
-# glued to words, a no-break space inside a word, repeated, leading and trailing spaces.
+# glued to words, a no-break space, a tab and other Unicode spaces between words, repeated, leading and
+# trailing spaces.
 ODD_LINES = [
     "Ein Mann fährt Fahrrad auf der Straße.",
     "\"Zwei\" Hunde — 犬 🐕, ½ Preis!",
@@ -58,6 +58,7 @@ ODD_LINES = [
     " the dog",
     "the dog ",
     "la hundoj,vidas",
+    "the\tdog\u2009sees\u3000my\u202fcat\u2028.",
 ]
 
 
@@ -73,7 +74,7 @@ def test_spans_and_char_offsets_agree_with_sentencepiece_on_synthetic_and_odd_te
         spans, offsets = word_spans(pieces), word_char_offsets(text)
         assert len(spans) == len(offsets), line
         for (start, end), (a, b) in zip(spans, offsets):
-            assert "".join(pieces[start:end]).replace("▁", " ").strip(" ") == text[a:b]
+            assert "".join(pieces[start:end]).replace("▁", " ").strip() == text[a:b]
 
 
 def test_merge_to_words_sums_source_pieces_and_averages_target_pieces():

@@ -131,3 +131,20 @@ def test_mixed_precision_training_on_cuda_learns_and_loads_on_the_cpu(tmp_path, 
     )
     assert translated.returncode == 0, translated.stderr.decode()
     assert len(translated.stdout.decode().splitlines()) == 20
+
+
+def test_train_aligner_on_cuda_trains_there_and_matches_the_cpu(random_checkpoint, synthetic, tmp_path):
+    for name in ("src", "tgt", "align"):
+        lines = synthetic[f"train.{name}"].read_text(encoding="utf-8").splitlines()[:200]
+        (tmp_path / f"train.{name}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    outputs = {}
+    for device in ("cpu", GPU):
+        outputs[device] = tmp_path / f"{device}.safetensors"
+        result = run_tfm_process(["train-aligner", "-m", random_checkpoint, "--src", tmp_path / "train.src", "--tgt",
+                                  tmp_path / "train.tgt", "--links", tmp_path / "train.align", "-o", outputs[device],
+                                  "--epochs", "3", "--hidden", "32", "--dim", "16", "--device", device])
+        assert result.returncode == 0, result.stderr.decode()
+    cpu, gpu = (read_checkpoint(outputs[device]) for device in ("cpu", GPU))
+    assert cpu.provenance["aligner"]["best_epoch"] == gpu.provenance["aligner"]["best_epoch"]
+    for name, weight in cpu.aligner_weights.items():
+        torch.testing.assert_close(gpu.aligner_weights[name], weight, atol=2e-3, rtol=2e-2)

@@ -21,7 +21,7 @@ from tfm_cli.corpus.cache import prepare_corpus
 from tfm_cli.corpus.filters import FilterSettings
 from tfm_cli.corpus.tokenized import FilterStats, TokenizedCorpus, flatten
 from tfm_cli.errors import TfmError
-from tfm_cli.inference.alignment import word_spans
+from tfm_cli.tokenization.words import word_spans
 from tfm_cli.model import Transformer, attention
 from tfm_cli.special_ids import EOS_ID
 from tfm_cli.synthetic import generate_pairs
@@ -53,7 +53,9 @@ class PieceList:
 
 @pytest.mark.unit
 def test_word_index_follows_word_spans_on_random_piece_sequences():
-    vocabulary = PieceList(["\u2581the", "\u2581do", "g", "s", ".", "\u2581", "<0xC3>", "<0x84>", "\u2581a", "b"])
+    # Tabs and no-break spaces are kept by the identity normalization: boundaries as '▁' is.
+    vocabulary = PieceList(["\u2581the", "\u2581do", "g", "s", ".", "\u2581", "<0xC3>", "<0x84>", "\u2581a", "b",
+                            "\t", "\u00a0x", "y\u3000", "\u200b"])
     table = PieceTable.of(vocabulary)
     rng = random.Random(0)
     for _ in range(300):
@@ -269,7 +271,7 @@ def test_filtering_drops_a_middle_pair_together_with_its_alignment_line(tmp_path
 @pytest.mark.unit
 def test_pharaoh_lines_take_possible_links_and_empty_lines_and_name_a_bad_link(tmp_path):
     src, tgt, align = tmp_path / "a.src", tmp_path / "a.tgt", tmp_path / "a.align"
-    src.write_text("a b c\nd\ne  f\n", encoding="utf-8")  # a double space makes no empty word
+    src.write_text("a b\u00a0c\nd\ne \t f\n", encoding="utf-8")  # every whitespace separates; no empty word
     tgt.write_text("x y\nz\nu v w\n", encoding="utf-8")
     align.write_text("0-0 2?1\n\n1-2\r\n", encoding="utf-8")
     links, words = read_word_links(align, src, tgt)

@@ -453,7 +453,7 @@ def test_train_aligner_tolerates_what_a_corpus_holds_and_says_what_it_left_out(t
                       *TRAIN_OPTIONS])
     assert result.exit_code == 0, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
-    assert "5 of 7 pairs to learn from (1 with an empty side, 1 too long, 0 split into other words" in result.stderr
+    assert "5 of 7 pairs to learn from and 0 held out (1 with an empty side, 1 too long, 0 split into other words" in result.stderr
     from tfm_cli.checkpoints.format import read_checkpoint
 
     assert read_checkpoint(output).provenance["aligner"]["pairs"] == 5

@@ -4,6 +4,7 @@ Multi30k paragraphs, rejoining, word offsets, hostile lines, and the message whe
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import time
 import tomllib
@@ -33,21 +34,21 @@ def splitter_installed():
 
 
 def words(text: str) -> list[str]:
-    """The ASCII-space tokens of `text`, as tfm's word alignment counts them."""
-    return [word for word in text.split(" ") if word]
+    """The whitespace-separated tokens of `text` (re's \\S+, independent of tfm's own rule)."""
+    return re.findall(r"\S+", text)
 
 
 def assert_well_formed(line: str, spans: list[tuple[int, int]]) -> None:
-    """The contract of sentence_spans: stripped, non-blank spans, ASCII spaces only around and between
+    """The contract of sentence_spans: stripped, non-blank spans, whitespace only around and between
     them, and the words of the sentences are exactly the words of the line."""
     assert spans, repr(line)
     for start, end in spans:
         assert 0 <= start < end <= len(line)
-        assert line[start] != " " and line[end - 1] != " " and line[start:end].strip()
+        assert not line[start].isspace() and not line[end - 1].isspace() and line[start:end].strip()
     for (_, end), (start, _) in itertools.pairwise(spans):
         gap = line[end:start]
-        assert gap and set(gap) == {" "}, (line, spans)
-    assert set(line[: spans[0][0]] + line[spans[-1][1] :]) <= {" "}
+        assert gap and gap.isspace(), (line, spans)
+    assert (line[: spans[0][0]] + line[spans[-1][1] :]).strip() == ""
     assert [word for start, end in spans for word in words(line[start:end])] == words(line)
     counts = [len(words(line[start:end])) for start, end in spans]
     assert word_offsets(line, spans) == [sum(counts[:index]) for index in range(len(spans))]
@@ -96,13 +97,15 @@ def test_no_split_inside_a_token_without_a_space(splitter_installed):
     assert sentence_spans("The end.Next one starts. Yes.", "en") == [(0, 24), (25, 29)]
 
 
-def test_tabs_and_non_breaking_spaces_do_not_separate_sentences(splitter_installed):
-    # They are word characters for tfm (only the ASCII space splits words), so no cut there.
-    assert sentence_spans("Ende.\tNeu. Ja.", "de") == [(0, 10), (11, 14)]
-    assert sentence_spans("Ende.\u00a0Neu. Ja.", "de") == [(0, 10), (11, 14)]
-    # A tab on its own stays with a sentence instead of becoming a blank one.
-    assert sentence_spans("Hello. \t", "en") == [(0, 8)]
-    assert sentence_spans("\t Hello. There.", "en") == [(0, 8), (9, 15)]
+def test_tabs_and_unicode_spaces_separate_sentences_as_they_separate_words(splitter_installed):
+    # Every whitespace character separates words (tokenization/words.py), so a sentence may end there.
+    assert sentence_spans("Ende.\tNeu. Ja.", "de") == [(0, 5), (6, 10), (11, 14)]
+    assert sentence_spans("Ende.\u00a0Neu.\u3000Ja.", "de") == [(0, 5), (6, 10), (11, 14)]
+    # Spans are stripped of every kind of whitespace; no blank sentence is made of it.
+    assert sentence_spans("Hello. \t", "en") == [(0, 6)]
+    assert sentence_spans("\t Hello.\u2009There.", "en") == [(2, 8), (9, 15)]
+    # Not whitespace: a zero-width space is part of a word, so no cut beside it.
+    assert sentence_spans("Ende.\u200bNeu. Ja.", "de") == [(0, 10), (11, 14)]
 
 
 def test_whitespace_only_pieces_join_a_neighbouring_sentence():

@@ -132,7 +132,7 @@ def word_aligner(
     from tfm_cli.inference.word_alignment import WordAligner
 
     loaded = model_runs.load_placed_model(path, placement)
-    return WordAligner(loaded, model_runs.checked_alignment(loaded, flags), batching)
+    return WordAligner(loaded, model_runs.checked_alignment(loaded, flags, path), batching)
 
 
 def sentence_pairs(inputs: list[tuple[str, DecodeStats]]) -> Iterator[WordPair | None]:
@@ -140,6 +140,7 @@ def sentence_pairs(inputs: list[tuple[str, DecodeStats]]) -> Iterator[WordPair |
     line-parallel --src and --tgt, or one input of 'source ||| target' lines."""
     from tfm_cli.inference.word_alignment import split_pair
     from tfm_cli.textio.streams import iter_lines, thread_stdin, zip_parallel
+    from tfm_cli.tokenization.words import split_words
 
     def lines(path: str, decode_stats: DecodeStats) -> Iterator[str]:
         # Lines are read in a thread (textio.read_chunks), which must not touch sys.stdin.buffer.
@@ -148,7 +149,7 @@ def sentence_pairs(inputs: list[tuple[str, DecodeStats]]) -> Iterator[WordPair |
     if len(inputs) == 1:
         return (split_pair(line) for line in lines(*inputs[0]))
     sources, targets = (lines(path, decode_stats) for path, decode_stats in inputs)
-    return ((s.split(), t.split()) for s, t in zip_parallel(sources, targets, *input_names(inputs)))
+    return ((split_words(s), split_words(t)) for s, t in zip_parallel(sources, targets, *input_names(inputs)))
 
 
 def input_names(inputs: list[tuple[str, DecodeStats]]) -> list[str]:

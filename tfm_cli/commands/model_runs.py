@@ -83,11 +83,26 @@ def alignment_flags(
     return AlignmentFlags(layer, head is not None, head_index, shift, null)
 
 
-def checked_alignment(loaded: LoadedModel, flags: AlignmentFlags) -> AlignmentConfig:
-    """The alignment settings to run `loaded` with: its own under the --align-* flags; TfmError for a
-    layer or head the model does not have."""
+def checked_alignment(loaded: LoadedModel, flags: AlignmentFlags, name: str = "the model") -> AlignmentConfig:
+    """The alignment settings to run `loaded` (called `name` in messages) with: its own under the --align-*
+    flags. TfmError for a layer or head the model does not have, and for --no-align-shift with the trained
+    aligner in use (it learnt shifted rows: its links would be one word off); --no-align-null with it is
+    warned about on stderr (every target word then takes its best source word, where the aligner said none)."""
+    from tfm_cli.console import print_warning
+    from tfm_cli.errors import TfmError
+
     settings = flags.applied_to(loaded.alignment)
     settings.check(loaded.config.n_dec_layers, loaded.config.n_heads, ("--align-layer", "--align-head"))
+    if settings.aligner and flags.shift is False:
+        raise TfmError(
+            f"--no-align-shift contradicts {name}'s trained aligner, which learnt shifted rows (its links would be "
+            "one word off); drop the flag, or set the aligner aside with --align-layer/--align-head"
+        )
+    if settings.aligner and flags.null is False:
+        print_warning(
+            f"--no-align-null: {name}'s trained aligner learnt to leave words unaligned; every target word now "
+            "takes its best source word instead"
+        )
     return settings
 
 

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from tfm_cli.checkpoints.format import Checkpoint, LoadedModel
-    from tfm_cli.model.aligner import Aligner
-    from tfm_cli.training.aligner_training import AlignerTrainingConfig, PreparedPairs
+    from tfm_cli.training.aligner_training import AlignerTrainingConfig, EpochResult, PreparedPairs, TrainedAligner
 
 EPILOG = (
     "Examples:\n\n"
@@ -42,6 +41,7 @@ def read_training_pairs(src: str, tgt: str, links: str) -> tuple[list, list]:
     line-parallel files; TfmError naming the file and line for a bad link or different line counts."""
     from tfm_cli.inference.alignment import parse_pharaoh
     from tfm_cli.textio.streams import iter_lines
+    from tfm_cli.tokenization.words import split_words
 
     texts = [list(iter_lines(path)) for path in (src, tgt, links)]
     counts = [len(lines) for lines in texts]
@@ -52,7 +52,7 @@ def read_training_pairs(src: str, tgt: str, links: str) -> tuple[list, list]:
         )
     pairs, all_links = [], []
     for number, (src_line, tgt_line, links_line) in enumerate(zip(*texts), start=1):
-        src_words, tgt_words = src_line.split(), tgt_line.split()
+        src_words, tgt_words = split_words(src_line), split_words(tgt_line)
         try:
             pair_links = parse_pharaoh(links_line)
         except ValueError as error:
@@ -88,7 +88,9 @@ def train_aligner(
     dim: int = typer.Option(256, "--dim", help="Width of the aligner's queries and keys."),
     context: bool = typer.Option(True, "--context/--no-context", help="A self-attention layer over the target positions, so a word's link sees the words after it."),
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (Adam; warm-up over 10% of the steps, cosine decay)."),
-    seed: int = typer.Option(1, "--seed", help="Random seed (initialisation and batch order)."),
+    held_out: float = typer.Option(0.02, "--held-out", help="Share of the pairs given once to hold out and measure the loss on after each epoch (at most 2,000 pairs; 0: none, train on all and keep the last epoch)."),
+    patience: int = typer.Option(2, "--patience", help="Stop after this many epochs without a lower held-out loss; the best epoch's aligner is written."),
+    seed: int = typer.Option(1, "--seed", help="Random seed (initialisation, held-out pairs and batch order)."),
     max_memory: float = typer.Option(8.0, "--max-memory", help="GiB the model's states may take in memory before the command stops (says so before using more)."),
     device: str = device_option(),
     threads: int = threads_option(),
@@ -105,7 +107,8 @@ def train_aligner(
     from tfm_cli.textio.paths import check_input_file
     from tfm_cli.training.aligner_training import AlignerTrainingConfig
 
-    config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, context=context, lr=lr, seed=seed)
+    config = AlignerTrainingConfig(epochs=epochs, batch_size=batch_size, hidden=hidden, dim=dim, context=context, lr=lr,
+                                   seed=seed, held_out=held_out, patience=patience)
     config.check()
     if not (math.isfinite(max_memory) and max_memory > 0):
         raise TfmError(f"--max-memory must be positive (GiB), got {max_memory}")
@@ -118,12 +121,14 @@ def train_aligner(
     checkpoint = read_checkpoint(model)
     loaded = loaded_model(model, checkpoint, resolve_device(device))
     with model_runs.progress_bar(model_runs.shows_progress(progress, quiet)) as bar:
-        prepared = prepare_states(loaded, pairs, pair_links, config, max_memory, bar, quiet)
-        aligner, final_loss = learn_links(prepared, loaded, config, bar)
-    write_checkpoint(output, with_aligner(checkpoint, aligner, config, Path(links).name, prepared.used, final_loss))
+        prepared, held = prepare_states(loaded, pairs, pair_links, config, max_memory, bar, quiet)
+        trained = learn_links(prepared, held, loaded, config, bar, quiet)
+    write_checkpoint(output, with_aligner(checkpoint, trained, config, Path(links).name, prepared.used, held.used))
+    best = trained.epochs[trained.best_epoch - 1]
+    measured = f"held-out loss {best.held_out_loss:.4f}" if held.used else f"training loss {best.training_loss:.4f}"
     print_info(
-        f"wrote {output}: the model and an aligner learnt from {prepared.used:,} pairs in {epochs} epochs "
-        f"(last epoch's loss {final_loss} per target token) in {time.perf_counter() - started:.0f} s",
+        f"wrote {output}: the model and the aligner of epoch {trained.best_epoch} of {len(trained.epochs)} ({measured} "
+        f"per target token), learnt from {prepared.used:,} pairs in {time.perf_counter() - started:.0f} s",
         quiet=quiet,
     )
 
@@ -145,57 +150,71 @@ def check_output(output: Path, model: str) -> None:
 def prepare_states(
     loaded: LoadedModel, pairs: list[tuple[list[str], list[str]]], pair_links: list[list[tuple[int, int]]],
     config: AlignerTrainingConfig, max_memory: float, bar: Progress, quiet: bool,
-) -> PreparedPairs:
-    """The model's states of the pairs, batched to train on (a task of `bar` while they are computed);
-    says on stderr how many pairs they hold and how much memory they take."""
-    from tfm_cli.training.aligner_training import prepare_batches
+) -> tuple[PreparedPairs, PreparedPairs]:
+    """The model's states of the pairs, batched: (the pairs to train on, the held-out pairs), a task of `bar`
+    while they are computed; says on stderr how many pairs they hold and how much memory they take."""
+    from tfm_cli.training.aligner_training import held_out_split, prepare_batches
 
+    train_rows, held_rows = held_out_split(pairs, pair_links, config.held_out, config.seed)
     task = bar.add_task("the model's states", total=len(pairs))
-    prepared = prepare_batches(loaded, pairs, pair_links, config.batch_size, lambda n: bar.advance(task, n),
-                               max_bytes=int(max_memory * 2**30))
+    sides = []
+    for rows in (train_rows, held_rows):
+        budget = int(max_memory * 2**30) - sum(side.bytes for side in sides)
+        sides.append(prepare_batches(loaded, [pairs[i] for i in rows], [pair_links[i] for i in rows], config.batch_size,
+                                     lambda n: bar.advance(task, n), max_bytes=budget))
     bar.remove_task(task)
+    prepared, held = sides
     print_info(
-        f"{prepared.used:,} of {len(pairs):,} pairs to learn from ({prepared.empty:,} with an empty side, "
-        f"{prepared.too_long:,} too long, {prepared.resplit:,} split into other words by the tokenizer); "
-        f"their states take {prepared.bytes / 2**30:.2f} GiB",
+        f"{prepared.used:,} of {len(pairs):,} pairs to learn from and {held.used:,} held out ({prepared.empty + held.empty:,} "
+        f"with an empty side, {prepared.too_long + held.too_long:,} too long, {prepared.resplit + held.resplit:,} split "
+        f"into other words by the tokenizer); their states take {(prepared.bytes + held.bytes) / 2**30:.2f} GiB",
         quiet=quiet,
     )
-    return prepared
+    return prepared, held
 
 
 def learn_links(
-    prepared: PreparedPairs, loaded: LoadedModel, config: AlignerTrainingConfig, bar: Progress
-) -> tuple[Aligner, float]:
-    """The aligner trained on the prepared batches (a task of `bar`), and its mean loss over the last epoch
-    (per target token, rounded to 4 decimals)."""
+    prepared: PreparedPairs, held: PreparedPairs, loaded: LoadedModel, config: AlignerTrainingConfig, bar: Progress,
+    quiet: bool,
+) -> TrainedAligner:
+    """The aligner trained on the prepared batches, on the model's device (a task of `bar`), stopped early
+    on the held-out pairs' loss; a line on stderr for each epoch's losses."""
     from tfm_cli.training.aligner_training import train_aligner as train
 
     steps_per_epoch = sum(batch.repeat for batch in prepared.batches)
     steps = bar.add_task("training the aligner", total=config.epochs * steps_per_epoch)
-    losses: list[float] = []
 
     def on_step(epoch: int, loss: float) -> None:
-        losses.append(loss)
         bar.update(steps, advance=1, description=f"training the aligner, epoch {epoch + 1}/{config.epochs}")
 
-    aligner = train(prepared.batches, loaded.config, config, on_step)
-    last_epoch = losses[-steps_per_epoch:]
-    return aligner, round(sum(last_epoch) / len(last_epoch), 4)
+    def on_epoch(result: EpochResult) -> None:
+        held_out = "" if result.held_out_loss is None else f", held-out {result.held_out_loss:.4f}"
+        print_info(f"aligner epoch {result.epoch}: loss per target token: training {result.training_loss:.4f}{held_out}"
+                   f"{' (best)' if result.best and held.used else ''}", quiet=quiet)
+
+    device = next(loaded.model.parameters()).device
+    trained = train(prepared.batches, loaded.config, config, on_step, held.batches if held.used else None, on_epoch, device)
+    bar.update(steps, completed=config.epochs * steps_per_epoch)
+    return trained
 
 
 def with_aligner(
-    checkpoint: Checkpoint, aligner: Aligner, config: AlignerTrainingConfig, links_name: str, pairs_used: int, final_loss: float
+    checkpoint: Checkpoint, trained: TrainedAligner, config: AlignerTrainingConfig, links_name: str, pairs_used: int,
+    held_out_pairs: int,
 ) -> Checkpoint:
     """`checkpoint` with the trained aligner's weights, its alignment settings (the aligner, shift and null
-    on) and, in its provenance, how the aligner was trained."""
+    on) and, in its provenance, how the aligner was trained (losses per target token, 4 decimals)."""
     from tfm_cli.model.aligner import ALIGNER_PREFIX
 
     alignment = dict(checkpoint.alignment)
     alignment.update(aligner=True, aligner_hidden=config.hidden, aligner_dim=config.dim, aligner_context=config.context,
                      shift=True, null=True)
+    best = trained.epochs[trained.best_epoch - 1]
     provenance = dict(checkpoint.provenance)
     provenance["aligner"] = {
-        "links": links_name, "pairs": pairs_used, "epochs": config.epochs, "seed": config.seed, "final_loss": final_loss,
+        "links": links_name, "pairs": pairs_used, "held_out_pairs": held_out_pairs, "epochs": len(trained.epochs),
+        "best_epoch": trained.best_epoch, "seed": config.seed, "final_loss": round(best.training_loss, 4),
+        "held_out_loss": None if best.held_out_loss is None else round(best.held_out_loss, 4),
     }
-    weights = {ALIGNER_PREFIX + name: param.detach().cpu().contiguous() for name, param in aligner.named_parameters()}
+    weights = {ALIGNER_PREFIX + name: param.detach().cpu().contiguous() for name, param in trained.aligner.named_parameters()}
     return dataclasses.replace(checkpoint, alignment=alignment, aligner_weights=weights, provenance=provenance)

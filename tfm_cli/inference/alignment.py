@@ -1,7 +1,7 @@
 """Attention maps -> word-level matrices -> hard word alignments (Pharaoh "src-tgt" pairs).
 
-Words are what the detokenized text splits into on ASCII spaces; sentencepiece marks each space as
-a leading '▁' on a piece, so piece spans and character offsets of the same sentence line up.
+Words are tokenization/words.py's: runs of non-whitespace in the text, and the same words read on the
+pieces (word_spans), so piece spans and character offsets of the same sentence line up.
 """
 
 from __future__ import annotations
@@ -14,53 +14,9 @@ import torch
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.model import Transformer
 from tfm_cli.model.aligner import Aligner
+from tfm_cli.tokenization.words import Span
 
-WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
-WORD_PATTERN = re.compile(r"[^ ]+")
-Span = tuple[int, int]
 AlignmentPair = tuple[int, int]
-
-
-def word_spans(pieces: list[str]) -> list[Span]:
-    """Group sentencepiece pieces into words: half-open piece-index ranges [start, end), one per word.
-
-    Rules (they follow where the detokenized text has a space):
-    - a piece starting with '▁' starts a new word, and so does the very first piece with content,
-      with or without '▁' (a sentence may start without one, e.g. when encoded without the dummy prefix);
-    - a piece without a leading '▁' (a word continuation or attached punctuation such as '.')
-      joins the word before it;
-    - pieces with no content (a bare '▁', or an empty string) join the NEXT word, so a bare '▁'
-      followed by 'Ä' is one word; trailing content-less pieces join the last word;
-    - a '▁' inside a piece (only with split_by_whitespace off) does not split it: such a piece
-      stays in one word, and the text then has more words than the spans.
-    The spans are contiguous and cover every piece, unless no piece has content (empty input, or
-    only bare '▁' pieces), which gives []. Returns a list of (start, end) tuples.
-    """
-    starts: list[int] = []
-    pending = None  # index of the first content-less piece not yet given to a word
-    space_before = False
-    for index, piece in enumerate(pieces):
-        text = piece.replace(WORD_BOUNDARY, " ")
-        if not text.strip(" "):
-            if pending is None:
-                pending = index
-            space_before = space_before or bool(text)
-            continue
-        if not starts or space_before or text.startswith(" "):
-            starts.append(index if pending is None else pending)
-        pending = None
-        space_before = text.endswith(" ")
-    ends = starts[1:] + [len(pieces)]
-    return list(zip(starts, ends))
-
-
-def word_char_offsets(text: str) -> list[Span]:
-    """Character offsets [start, end) of each word of the detokenized `text` (words split on ' ' only).
-
-    Only the ASCII space splits, because it is the only character sentencepiece turns into '▁':
-    a non-breaking space or a tab stays inside a word, exactly as in word_spans.
-    """
-    return [(match.start(), match.end()) for match in WORD_PATTERN.finditer(text)]
 
 
 def merge_to_words(matrix: torch.Tensor, tgt_spans: list[Span], src_spans: list[Span]) -> torch.Tensor:

@@ -13,13 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from tfm_cli.inference.alignment import (
-    Span,
     aligning_attention,
     hard_alignment,
     piece_rows,
     merge_to_words,
     transpose_pairs,
-    word_spans,
 )
 from tfm_cli.inference.symmetrization import intersection
 from tfm_cli.checkpoints.format import LoadedModel
@@ -28,6 +26,7 @@ from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.model.attention import CrossAttention, SelfAttention
+from tfm_cli.tokenization.words import Span, word_spans
 from tfm_cli.inference.translation import BatchingConfig, search_batches
 from tfm_cli.textio.output_lines import one_line
 
@@ -215,12 +214,12 @@ def make_example(loaded: LoadedModel, source: str, target: str | None, decode: D
         _, hypotheses = next(search_batches(loaded.model, {0: src_ids}, decode, BatchingConfig()))
         tgt_ids = hypotheses[0][0].tokens
         target = one_line(tgt_tok.decode_ids(tgt_ids), tabs=True)  # as translation.Translator.render writes it
+        tgt_pieces = [tgt_tok.id_to_piece(i) for i in tgt_ids]
     else:
-        tgt_ids = tgt_tok.encode_ids(target)
-    return Example(
-        source, target, src_ids, tgt_ids,
-        [src_tok.id_to_piece(i) for i in src_ids], [tgt_tok.id_to_piece(i) for i in tgt_ids], translated,
-    )
+        tgt_ids, tgt_pieces = tgt_tok.encode_ids(target), tgt_tok.encode_pieces(target)
+    # Pieces of the text rather than of the ids: an unknown character keeps its surface (a tab stays a
+    # word boundary, tokenization/words.py) instead of reading '<unk>'.
+    return Example(source, target, src_ids, tgt_ids, src_tok.encode_pieces(source), tgt_pieces, translated)
 
 
 def example_view(
@@ -248,7 +247,7 @@ def intersected_alignment(
     tgt_ids = reverse.tgt_tokenizer.encode_ids(example.source)
     swapped = Example(
         example.target, example.source, src_ids, tgt_ids,
-        [reverse.src_tokenizer.id_to_piece(i) for i in src_ids], [reverse.tgt_tokenizer.id_to_piece(i) for i in tgt_ids],
+        reverse.src_tokenizer.encode_pieces(example.target), reverse.tgt_tokenizer.encode_pieces(example.source),
     )
     backward = example_view(reverse, swapped, "cross", alignment.layer, alignment.head, True, alignment.shift,
                             alignment.null, alignment.full_context, alignment.aligner)

@@ -2,7 +2,7 @@
 target words aligned to the words they enclosed (Bergamot's approach, the Firefox translator).
 
 Owns tag parsing (the stdlib HTMLParser, never regular expressions) and tag placement; it neither
-translates nor aligns. Words are ASCII-space separated, as in alignment.word_char_offsets.
+translates nor aligns. Words are tokenization/words.py's (runs of non-whitespace).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
-from tfm_cli.inference.alignment import AlignmentPair, word_char_offsets
+from tfm_cli.inference.alignment import AlignmentPair
+from tfm_cli.tokenization.words import word_char_offsets
 
 MARKUP_MODES = ("html", "xml")
 # HTML's void elements: a start tag with no end tag, kept as a position marker.

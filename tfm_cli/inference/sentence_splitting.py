@@ -5,9 +5,9 @@ hundreds of times faster (compiled), maintained, ~300 languages with fallbacks (
 fewer misses on the German and French hard cases. sentencex never cuts before a sentence that starts with a
 digit ("... eine Landschaft. 2 Mädchen sitzen."), which Multi30k's German has often; number_starts_masked lets
 it see those boundaries while keeping its abbreviation rules (bench/RESULTS.md, "Sentence splitters").
-Only the ASCII space separates sentences, as it alone separates words (alignment.word_char_offsets):
-a tab or a non-breaking space is part of a word, so no split happens there and spans are stripped of
-ASCII spaces only. Hence the words of the sentences, in order, are exactly the words of the line.
+Sentences are cut only where whitespace separates words (tokenization/words.py's rule: any character
+str.isspace calls whitespace), and spans are stripped of whitespace; so no word is ever cut and the words
+of the sentences, in order, are exactly the words of the line.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tfm_cli.errors import TfmError
+from tfm_cli.tokenization.words import words_before
 
 Span = tuple[int, int]
 DEFAULT_LANGUAGE = "en"
 MISSING_SPLITTER = "--split-sentences needs a sentence splitter: pip install 'tfm-cli[sentences]'"
-# A word ending in . ! or ?, the spaces after it, and a number starting the next word.
-NUMBER_AFTER_STOP = re.compile(r"(?<!\S)(\S+[.!?])( +)(\d+)")
+# A word ending in . ! or ?, the whitespace after it, and a number starting the next word.
+NUMBER_AFTER_STOP = re.compile(r"(?<!\S)(\S+[.!?])(\s+)(\d+)")
 SHORTEST_WORD_BEFORE_NUMBER = 4  # "Nr. 5", "ca. 3", "S. 12", "Abb. 2", "Art. 5": abbreviations are shorter
 
 
@@ -60,15 +61,15 @@ class SentenceSplitter:
             return []
         masked = number_starts_masked(line)  # same length as line, so the splitter's offsets are the line's
         cuts = [cut for cut in piece_ends(masked, self.segment(masked)) if 0 < cut < len(line)]
-        # A cut with no ASCII space beside it falls inside a word ("end.Next"): merge by not cutting there.
-        cuts = [cut for cut in cuts if line[cut - 1] == " " or line[cut] == " "]
+        # A cut with no whitespace beside it falls inside a word ("end.Next"): merge by not cutting there.
+        cuts = [cut for cut in cuts if line[cut - 1].isspace() or line[cut].isspace()]
         return merge_empty(line, [strip_spaces(line, start, end) for start, end in zip([0, *cuts], [*cuts, len(line)])])
 
 
 def sentence_spans(line: str, language: str) -> list[Span]:
     """Character spans [start, end) of the sentences of `line`, in order, split with sentencex for `language`.
 
-    Each span is stripped of ASCII spaces and holds a non-whitespace character; only ASCII spaces lie
+    Each span is stripped of whitespace and holds a non-whitespace character; only whitespace lies
     between consecutive spans, so no word is ever cut. A blank line (only whitespace, the rule
     `tfm translate` uses) gives []; a line without a sentence break gives one span. A convenience over
     SentenceSplitter(language).spans(line); build the SentenceSplitter yourself to split many lines.
@@ -113,10 +114,10 @@ def piece_ends(line: str, pieces: list[str]) -> list[int]:
 
 
 def strip_spaces(line: str, start: int, end: int) -> Span:
-    """The span [start, end) of `line` without its leading and trailing ASCII spaces (maybe empty)."""
-    while start < end and line[start] == " ":
+    """The span [start, end) of `line` without its leading and trailing whitespace (maybe empty)."""
+    while start < end and line[start].isspace():
         start += 1
-    while end > start and line[end - 1] == " ":
+    while end > start and line[end - 1].isspace():
         end -= 1
     return start, end
 
@@ -157,8 +158,8 @@ def join_sentences(line: str, spans: list[Span], translations: list[str]) -> str
 
 
 def word_offsets(line: str, spans: list[Span]) -> list[int]:
-    """For each span, the number of words (ASCII-space tokens) of `line` before it: a list, one int per span.
+    """For each span, the number of words (tokenization/words.py) of `line` before it: a list, one int per span.
 
     Adding a sentence's offset to its word indices gives the word's index in the whole line.
     """
-    return [sum(1 for word in line[:start].split(" ") if word) for start, _ in spans]
+    return [words_before(line, start) for start, _ in spans]

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfm_cli.inference.alignment import word_char_offsets
 from tfm_cli.inference.glossary import Glossary
 from tfm_cli.inference.markup import MarkedLine, parse_markup, restore_markup
 from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.sentence_splitting import SentenceSplitter, join_sentences, word_offsets
 from tfm_cli.length_penalty import LengthPenalty
+from tfm_cli.tokenization.words import word_char_offsets
 
 @dataclass(frozen=True)
 class TextOptions:

@@ -26,8 +26,6 @@ from tfm_cli.inference.alignment import (
     pharaoh,
     piece_rows,
     transpose_pairs,
-    word_char_offsets,
-    word_spans,
 )
 from tfm_cli.inference.constraints import ConstraintTracker, phrases_met, word_continuation_ids
 from tfm_cli.inference.decoding import max_output_lengths, padded_length
@@ -38,6 +36,7 @@ from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_ba
 from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.model import Transformer
+from tfm_cli.tokenization.words import word_char_offsets, word_spans
 from tfm_cli.textio.output_lines import json_line, one_line
 from tfm_cli.textio.streams import INPUT_PAUSE_S, read_chunks
 
@@ -298,7 +297,9 @@ class Translator:
         src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
         attention = aligning_attention(self.model, self.loaded.aligner, self.alignment, src, tgt_in.to(self.device))  # (R, T, S)
         skip = len(self.source_prefix)  # the prefix columns are no source words
-        src_pieces = {i: [self.loaded.src_tokenizer.id_to_piece(t) for t in sources[i][skip:]] for i in batch}
+        # Pieces as strings of the text, not of the ids: an unknown character (a tab, a no-break space the
+        # vocabulary lacks) keeps its surface there, so it still separates words (tokenization/words.py).
+        src_pieces = {i: self.loaded.src_tokenizer.encode_pieces(results[i].source)[: len(sources[i]) - skip] for i in batch}
         for row, (i, output) in enumerate(rows):
             line = results[i]
             src_spans = word_spans(src_pieces[i])

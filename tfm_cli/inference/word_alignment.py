@@ -1,6 +1,6 @@
 """Word alignments of GIVEN sentence pairs (`tfm align`): pre-tokenized words in, (src, tgt) links out.
 
-Words are the whitespace tokens of each side as given. Each word is encoded on its own and the
+Words are tokenization/words.py's: runs of non-whitespace of each side as given. Each word is encoded on its own and the
 pieces concatenated, so word k owns a known piece range whatever the tokenizer normalises. The
 links come from one teacher-forced pass per batch and alignment.py's merge and argmax, the same
 path as `translate --alignment` and `inspect-attention --format pharaoh`. Never prints.
@@ -18,7 +18,6 @@ from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import (
     AlignmentPair,
-    Span,
     aligning_attention,
     hard_alignment,
     merge_to_words,
@@ -32,6 +31,7 @@ from tfm_cli.inference.symmetrization import SYMMETRIZATIONS, ordered
 from tfm_cli.inference.translation import BatchingConfig, bucketed_batches
 from tfm_cli.textio.output_lines import json_line
 from tfm_cli.textio.streams import read_chunks
+from tfm_cli.tokenization.words import Span, split_words
 
 SEPARATOR = "|||"  # fast_align's input format: "source words ||| target words"
 WordPair = tuple[list[str], list[str]]
@@ -39,8 +39,8 @@ WordPair = tuple[list[str], list[str]]
 
 def split_pair(line: str) -> WordPair | None:
     """A fast_align line "src words ||| tgt words" -> (src words, tgt words); None without exactly one
-    `|||` token. A blank line is ([], []). Words are the line's whitespace tokens (str.split)."""
-    tokens = line.split()
+    `|||` token. A blank line is ([], []). Words are tokenization/words.py's (runs of non-whitespace)."""
+    tokens = split_words(line)
     if not tokens:
         return [], []
     if tokens.count(SEPARATOR) != 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from collections import Counter
 from itertools import groupby
 
 import torch
@@ -31,13 +32,16 @@ from tfm_cli.training.lr_schedules import OneCycle, ScheduleSettings
 
 STATE_DTYPE = torch.float16  # kept states: half the memory of float32, far inside its range
 MAX_WIDTH = 1 << 16  # --hidden and --dim: far above a useful aligner, below widths torch fails to allocate
+MAX_HELD_OUT_PAIRS = 2000  # enough for a loss to within ~1%; more only costs preparation time
 
 
 @dataclass(frozen=True)
 class AlignerTrainingConfig:
     """How `tfm train-aligner` trains: epochs over the pairs, pairs per batch, the aligner's sizes and
-    whether it has a self-attention layer over the target (model/aligner.TargetContext), and Adam's
-    peak learning rate of a one-cycle schedule (10% warm-up, cosine down)."""
+    whether it has a self-attention layer over the target (model/aligner.TargetContext), Adam's peak
+    learning rate of a one-cycle schedule (10% warm-up, cosine down), the share of the pairs held out to
+    measure the loss on (at most MAX_HELD_OUT_PAIRS; 0: none), and the epochs without a better held-out
+    loss after which training stops (the best epoch's aligner is kept)."""
 
     epochs: int = 12
     batch_size: int = 64
@@ -46,10 +50,12 @@ class AlignerTrainingConfig:
     context: bool = True
     lr: float = 1e-3
     seed: int = 1
+    held_out: float = 0.02
+    patience: int = 2
 
     def check(self) -> None:
         """Raise TfmError for a setting out of range, naming its option."""
-        for name in ("epochs", "batch_size", "hidden", "dim"):
+        for name in ("epochs", "batch_size", "hidden", "dim", "patience"):
             if getattr(self, name) < 1:
                 raise TfmError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("hidden", "dim"):
@@ -57,6 +63,8 @@ class AlignerTrainingConfig:
                 raise TfmError(f"--{name} must be at most {MAX_WIDTH:,}, got {getattr(self, name):,}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise TfmError(f"--lr must be a positive number, got {self.lr}")
+        if not (0 <= self.held_out <= 0.5):
+            raise TfmError(f"--held-out is the share of the pairs to hold out, from 0 to 0.5, got {self.held_out}")
         check_seed(self.seed, "--seed")
         if self.context and self.dim % TARGET_CONTEXT_HEADS:
             raise TfmError(f"--dim must be divisible by {TARGET_CONTEXT_HEADS} for the target context, got {self.dim} (or --no-context)")
@@ -179,10 +187,14 @@ def model_states(
 
 def aligner_loss(aligner: Aligner, batch: AlignerBatch) -> tuple[torch.Tensor, int]:
     """(cross-entropy of the aligner's attention against the batch's reference, summed over rows; rows
-    with a reference). The log-probability of a masked (padding) position is never multiplied in."""
-    log_probs = aligner(batch.states.float(), batch.memory.float(), batch.src_mask, batch.tgt_mask)  # (B, T, S)
-    supervised = batch.reference > 0
-    loss = -(batch.reference[supervised] * log_probs[supervised]).sum()
+    with a reference), computed on the aligner's device. The log-probability of a masked (padding)
+    position is never multiplied in."""
+    device = next(aligner.parameters()).device
+    log_probs = aligner(batch.states.to(device).float(), batch.memory.to(device).float(), batch.src_mask.to(device),
+                        batch.tgt_mask.to(device))  # (B, T, S)
+    reference = batch.reference.to(device)
+    supervised = reference > 0
+    loss = -(reference[supervised] * log_probs[supervised]).sum()
     return loss, supervised_rows(batch)
 
 
@@ -191,12 +203,68 @@ def supervised_rows(batch: AlignerBatch) -> int:
     return int((batch.reference.sum(dim=-1) > 0).sum())
 
 
+def held_out_split(
+    pairs: list[WordPair], links: list[list[AlignmentPair]], share: float, seed: int
+) -> tuple[list[int], list[int]]:
+    """(indices of the pairs to train on, indices of the pairs held out), each in input order.
+
+    The held-out pairs are round(share x the pairs given once), at most MAX_HELD_OUT_PAIRS, drawn (seeded)
+    from the pairs given exactly once with words on both sides and at least one link: a pair given several
+    times is always trained (its repeats are a weight its user asked for), and no held-out pair has a copy
+    among the trained ones.
+    """
+    keys = [(tuple(src), tuple(tgt), tuple(pair_links)) for (src, tgt), pair_links in zip(pairs, links)]
+    times = Counter(keys)
+    once = [i for i, key in enumerate(keys) if times[key] == 1 and key[0] and key[1] and key[2]]
+    count = min(round(share * len(once)), MAX_HELD_OUT_PAIRS)
+    order = torch.randperm(len(once), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = {once[k] for k in order[:count]}
+    return [i for i in range(len(pairs)) if i not in held], sorted(held)
+
+
+def held_out_loss(aligner: Aligner, batches: list[AlignerBatch]) -> float:
+    """The aligner's mean cross-entropy per supervised row over `batches` (each counted `repeat` times),
+    computed in eval mode without gradients; the aligner is left in the mode it was in."""
+    was_training = aligner.training
+    aligner.eval()
+    total, rows = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            loss, batch_rows = aligner_loss(aligner, batch)
+            total += float(loss) * batch.repeat
+            rows += batch_rows * batch.repeat
+    aligner.train(was_training)
+    return total / max(rows, 1)
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """What one epoch of aligner training measured."""
+
+    epoch: int  # 1-based
+    training_loss: float  # the mean of its steps' losses per supervised row
+    held_out_loss: float | None  # per supervised row of the held-out pairs; None without any
+    best: bool  # the best held-out loss so far (every epoch is, without held-out pairs)
+
+
+@dataclass
+class TrainedAligner:
+    """A trained aligner (in eval mode: the best epoch's), and every epoch's results in order."""
+
+    aligner: Aligner
+    epochs: list[EpochResult]
+    best_epoch: int  # 1-based
+
+
 def train_aligner(
     batches: list[AlignerBatch], model_config, config: AlignerTrainingConfig,
-    on_step: Callable[[int, float], None] | None = None,
-) -> Aligner:
-    """Train a fresh Aligner on `batches` for config.epochs (batch order shuffled each epoch, seeded);
-    `on_step(epoch, mean loss per supervised row)` after every batch. Returns the aligner in eval mode.
+    on_step: Callable[[int, float], None] | None = None, held_out: list[AlignerBatch] | None = None,
+    on_epoch: Callable[[EpochResult], None] | None = None, device: torch.device | str = "cpu",
+) -> TrainedAligner:
+    """Train a fresh Aligner on `batches` on `device` for up to config.epochs (batch order shuffled each
+    epoch, seeded); `on_step(epoch, mean loss per supervised row)` after every batch, `on_epoch(result)`
+    after every epoch. With `held_out` batches, their loss is measured after each epoch, training stops
+    once config.patience epochs in a row did not lower it, and the aligner of the best epoch is returned.
 
     A step's loss is its rows' summed loss over the mean number of supervised rows in a step, not over
     its own rows: Adam makes every step about the same size whatever its loss's scale, so a batch of
@@ -208,15 +276,18 @@ def train_aligner(
         raise TfmError("no pair to train the aligner on: every pair was empty, too long, or split into other words")
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
-    aligner = Aligner(model_config, config.hidden, config.dim, config.context)
+    aligner = Aligner(model_config, config.hidden, config.dim, config.context).to(device)
     optimizer = torch.optim.Adam(aligner.parameters(), lr=config.lr)
     plan = [index for index, batch in enumerate(batches) for _ in range(batch.repeat)]  # one epoch's steps
     rows_per_step = sum(supervised_rows(batch) * batch.repeat for batch in batches) / len(plan)
     total_steps = config.epochs * len(plan)
     schedule = OneCycle(ScheduleSettings(config.lr, warmup_steps=max(1, total_steps // 10), total_steps=total_steps))
     step = 0
+    results: list[EpochResult] = []
+    best_state, best_epoch, best_loss = None, 0, math.inf
     aligner.train()
     for epoch in range(config.epochs):
+        step_losses = []
         for position in torch.randperm(len(plan), generator=generator).tolist():
             loss, rows = aligner_loss(aligner, batches[plan[position]])
             optimizer.zero_grad()
@@ -225,8 +296,22 @@ def train_aligner(
             for group in optimizer.param_groups:
                 group["lr"] = schedule.rate(step)
             optimizer.step()
+            step_losses.append(float(loss.detach()) / max(rows, 1))
             if on_step is not None:
-                on_step(epoch, float(loss.detach()) / max(rows, 1))
+                on_step(epoch, step_losses[-1])
+        measured = held_out_loss(aligner, held_out) if held_out else None
+        best = measured is None or measured < best_loss
+        if best:
+            best_epoch, best_loss = epoch + 1, math.inf if measured is None else measured
+            best_state = {name: value.detach().clone() for name, value in aligner.state_dict().items()}
+        results.append(EpochResult(epoch + 1, sum(step_losses) / len(step_losses), measured, best))
+        if on_epoch is not None:
+            on_epoch(results[-1])
+        if epoch + 1 - best_epoch >= config.patience:
+            break
+    if best_state is None:  # every held-out loss was NaN
+        raise TfmError(f"the aligner's training diverged (its held-out loss is not a number); lower --lr (it was {config.lr:g})")
+    aligner.load_state_dict(best_state)
     if not all(bool(param.isfinite().all()) for param in aligner.parameters()):  # no checkpoint could hold them
         raise TfmError(f"the aligner's training diverged (its weights are not finite); lower --lr (it was {config.lr:g})")
-    return aligner.eval()
+    return TrainedAligner(aligner.eval(), results, best_epoch)

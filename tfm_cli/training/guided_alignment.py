@@ -19,8 +19,7 @@ import torch
 from tfm_cli.corpus.batching import Batch, SpecialIds, pad_rows
 from tfm_cli.corpus.tokenized import TokenizedCorpus
 from tfm_cli.errors import TfmError
-
-WORD_BOUNDARY = "\u2581"  # sentencepiece's visible space, '▁'
+from tfm_cli.tokenization.words import count_words, ends_with_space, has_content, starts_with_space
 # Added to the attention before its log, as Marian does: a reference link to a position the head gives
 # (almost) no weight costs -log(EPSILON) at most instead of infinity.
 EPSILON = 1e-6
@@ -94,11 +93,9 @@ def parse_links(text: str, path: Path, line_number: int) -> list[int]:
     return flat
 
 
-def count_words(raw: bytes) -> int:
-    """Words of one line of text: what it splits into on ASCII spaces (as inference.alignment counts them:
-    sentencepiece turns only that space into '▁')."""
-    parts = raw.split(b" ")
-    return len(parts) - parts.count(b"")
+def count_raw_words(raw: bytes) -> int:
+    """Words (tokenization/words.py) of one line of UTF-8 text as read from a file."""
+    return count_words(raw.decode("utf-8", errors="replace"))
 
 
 def int64_tensor(values: array.array) -> torch.Tensor:
@@ -133,7 +130,7 @@ def read_word_links(
                     parse_links(raw_links.decode("utf-8", errors="replace"), alignment_path, number)  # names the link
                     raise TfmError(f"{alignment_path}:{number}: not an alignment line; links are 'src-tgt' pairs such as '0-0 1-2'")
                 per_line.append(raw_links.count(b"-") + raw_links.count(b"?"))
-                words.extend((count_words(raw_src.rstrip(b"\r\n")), count_words(raw_tgt.rstrip(b"\r\n"))))
+                words.extend((count_raw_words(raw_src), count_raw_words(raw_tgt)))
             # One regex and one int conversion per chunk: a per-line loop over the numbers costs several times more.
             numbers.extend(map(int, NUMBER.findall(b" ".join(raw_links for raw_links, _, _ in chunk))))
     lines = len(per_line)
@@ -157,8 +154,8 @@ def read_word_links(
 
 @dataclass(frozen=True)
 class PieceTable:
-    """Per vocabulary id, what word_spans (inference/alignment.py) asks of its piece: whether it has
-    content (more than '▁'), starts with '▁', or ends with one (a bare '▁' does)."""
+    """Per vocabulary id, what word_spans (tokenization/words.py) asks of its piece: whether it has
+    content (more than whitespace), starts with whitespace ('▁' or another), or ends with it."""
 
     content: torch.Tensor  # (V,) bool
     leading_space: torch.Tensor  # (V,) bool
@@ -167,11 +164,11 @@ class PieceTable:
     @classmethod
     def of(cls, tokenizer) -> PieceTable:
         """The table of a tokenizer (anything with vocab_size and id_to_piece)."""
-        texts = [tokenizer.id_to_piece(index).replace(WORD_BOUNDARY, " ") for index in range(tokenizer.vocab_size)]
+        pieces = [tokenizer.id_to_piece(index) for index in range(tokenizer.vocab_size)]
         return cls(
-            torch.tensor([bool(text.strip(" ")) for text in texts]),
-            torch.tensor([text.startswith(" ") for text in texts]),
-            torch.tensor([text.endswith(" ") for text in texts]),
+            torch.tensor([has_content(piece) for piece in pieces]),
+            torch.tensor([starts_with_space(piece) for piece in pieces]),
+            torch.tensor([ends_with_space(piece) for piece in pieces]),
         )
 
 
@@ -179,10 +176,10 @@ def word_index(ids: torch.Tensor, real: torch.Tensor, table: PieceTable) -> torc
     """The word of every token: ids (B, L) int64, real (B, L) bool (False: padding, EOS) -> (B, L) int64, -1
     where not real or the row has no word.
 
-    word_spans' rules, on whole batches: a piece with content starts a word if it starts with '▁', is
-    the first piece with content, or follows a piece ending in '▁'; pieces with content join the word
-    before, pieces without (a bare '▁') the word after (trailing ones the last word). (word_spans also
-    lets a '▁' carry over an empty-string piece; sentencepiece makes none.)
+    word_spans' rules, on whole batches: a piece with content starts a word if it starts with whitespace,
+    is the first piece with content, or follows a piece ending in whitespace; pieces with content join the
+    word before, pieces without (a bare '▁') the word after (trailing ones the last word). (word_spans also
+    lets a bare '▁' carry over an empty-string piece; sentencepiece makes none.)
     """
     content = table.content[ids] & real  # (B, L)
     trailing = table.trailing_space[ids] & real
