@@ -310,6 +310,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_docs": "unit",
     "test_disk_full": "system",
     "test_dropout": "unit",
+    "test_ensemble": "integration",
     "test_moving_average": "integration",
     "test_export": "system",
     "test_guided_alignment": "integration",
@@ -392,6 +393,9 @@ TEST_TIERS: dict[str, str] = {
     # unit: the settings rule itself, without a checkpoint
     "test_decode_settings::test_a_flag_beats_the_model_which_beats_the_built_in_default": "unit",
     "test_decode_settings::test_settings_that_do_not_fit_together_are_refused": "unit",
+    # unit: two tokenizers compared, no checkpoint; system: forked worker processes
+    "test_ensemble::test_a_different_vocabulary_is_named_by_its_first_different_piece": "unit",
+    "test_ensemble::test_an_ensemble_in_worker_processes_translates_as_in_one": "system",
     "test_help::test_every_command_was_found": "unit",
     "test_help::test_every_extra_users_are_told_to_install_exists": "unit",
     "test_lr_schedule::test_linear_and_cosine_warm_up_then_reach_zero_at_the_end_of_the_budget": "unit",

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from tfm_cli.checkpoints.format import LoadedModel
     from tfm_cli.config import AlignmentConfig
+    from tfm_cli.inference.ensemble import Ensemble
 
 
 def set_up_process(ctx: typer.Context, threads: int) -> None:
@@ -56,6 +57,26 @@ def load_placed_model(path: str, placement: Placement) -> LoadedModel:
     from tfm_cli.checkpoints.format import load_model
 
     return load_model(path, device=placement.device, dtype=placement.dtype)
+
+
+def load_models(paths: list[str], weights: str | None, placement: Placement, quiet: bool) -> tuple[LoadedModel, Ensemble | None]:
+    """The checkpoints of -m (`paths`, one or more) loaded on `placement`: the first (its tokenizers, decoding
+    defaults and alignment settings serve the whole run) and, for several, their Ensemble weighted by
+    --ensemble-weights (`weights`; None: equal), else None. TfmError for bad weights (before any model is
+    loaded) or models that cannot join; says on stderr what an ensemble is made of."""
+    from tfm_cli.inference.ensemble import ensemble_of, ensemble_weights
+
+    member_weights = ensemble_weights(weights, len(paths))
+    members = [load_placed_model(path, placement) for path in paths]
+    if len(members) == 1:
+        return members[0], None
+    ensemble = ensemble_of(paths, members, member_weights)
+    print_info(
+        f"an ensemble of {len(paths)} models, weights {', '.join(f'{w:.4g}' for w in member_weights)}; tokenizers, "
+        f"decoding defaults and alignments from the first ({paths[0]})",
+        quiet=quiet,
+    )
+    return members[0], ensemble
 
 
 @dataclass(frozen=True)

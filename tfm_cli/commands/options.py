@@ -41,6 +41,15 @@ def resolve_dtype(requested: str, device: Any, quiet: bool = False) -> str:
     return choice.dtype
 
 
+def ensemble_weights_option(scope: str = "") -> Any:
+    """The --ensemble-weights option: one relative weight per -m model (ensemble.ensemble_weights)."""
+    return typer.Option(
+        None, "--ensemble-weights",
+        help=f"{scope}Weights of the -m models' log-probs, comma-separated, one per model (e.g. 0.6,0.4 or 3,1; "
+        "scaled to sum to 1); default: equal.",
+    )
+
+
 def threads_option(scope: str = "") -> Any:
     """The --threads option (`scope` prefixes its help)."""
     return typer.Option(0, "--threads", help=f"{scope}CPU threads for torch (0 = torch's default).")

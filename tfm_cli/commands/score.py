@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, List, Optional
 import typer
 
 from tfm_cli.commands import model_runs
-from tfm_cli.commands.options import device_option, dtype_option, threads_option
+from tfm_cli.commands.options import device_option, dtype_option, ensemble_weights_option, threads_option
 from tfm_cli.console import data_table, print_info, print_warning, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
@@ -47,7 +47,8 @@ def score(
     lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF (as sacrebleu -lc)."),
     ter_case_sensitive: bool = typer.Option(False, "--ter-case-sensitive", help="Case-sensitive TER (sacrebleu's TER ignores case by default)."),
     sentence: bool = typer.Option(False, "--sentence", help="One line of scores per hypothesis (sentence BLEU uses effective order)."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Score --tgt given --src with this checkpoint (forced decoding) instead of metrics."),
+    model: List[str] = typer.Option([], "-m", "--model", help="Score --tgt given --src with this checkpoint (forced decoding) instead of metrics; repeat for an ensemble (the weighted mean of the models' token log-probs, as `translate -m A -m B` scores; tokenizers and defaults from the first)."),
+    ensemble_weights: Optional[str] = ensemble_weights_option("With -m: "),
     src: Optional[str] = typer.Option(None, "--src", help="With -m: source sentences; `-` = stdin."),
     tgt: Optional[str] = typer.Option(None, "--tgt", help="With -m: target sentences to score, line-parallel to --src; `-` = stdin."),
     normalize: str = typer.Option("length", "--normalize", help="With -m: length (raw / the model's length penalty: what translate --scores prints), none (raw: the sum of the n token log-probs, EOS included) or per-token (raw / n)."),
@@ -61,15 +62,18 @@ def score(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr."),
 ) -> None:
     """Score hypotheses with BLEU/chrF/TER (sacrebleu), or target sentences with a model."""
-    if model is not None:
+    if model:
         if references:
             raise TfmError("-m/--model scores --src/--tgt with a model; -r/--reference is for metrics, not both")
         if src is None or tgt is None:
             raise TfmError("-m/--model needs both --src and --tgt (line-parallel files)")
-        score_with_model(ctx, model, src, tgt, normalize, alpha, batch_size, device, dtype, threads, output, as_json, quiet)
+        score_with_model(ctx, model, ensemble_weights, src, tgt, normalize, alpha, batch_size, device, dtype, threads, output,
+                         as_json, quiet)
         return
     if src is not None or tgt is not None:
         raise TfmError("--src/--tgt are for model scoring; add -m/--model, or use -r/-i for metrics")
+    if ensemble_weights is not None:
+        raise TfmError("--ensemble-weights weighs the models of -m/--model; metrics (-r) use none")
     if not references:
         raise TfmError("no reference given; pass -r/--reference REF (or -m/--model with --src/--tgt)")
     score_with_metrics(
@@ -175,7 +179,8 @@ def too_long_record(result: TooLongPair) -> dict:
 
 def score_with_model(
     ctx: typer.Context,
-    model_path: str,
+    model_paths: list[str],
+    ensemble_weights: str | None,
     src: str,
     tgt: str,
     normalize: str,
@@ -188,7 +193,7 @@ def score_with_model(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Forced-decode every (--src, --tgt) pair and write one score per line, streaming."""
+    """Forced-decode every (--src, --tgt) pair with the model (or the ensemble) and write one score per line, streaming."""
     from tfm_cli.config import check_length_penalty
     from tfm_cli.inference.model_scores import NORMALIZATIONS, score_text_pairs
     from tfm_cli.textio.atomic_files import open_output
@@ -202,7 +207,8 @@ def score_with_model(
         raise TfmError("--src and --tgt cannot both be stdin")
     check_parallel_line_counts(src, tgt)  # files that do not pair up: an error before any score is written
     model_runs.set_up_process(ctx, threads)
-    loaded = model_runs.load_placed_model(model_path, model_runs.resolve_placement(device, dtype, quiet))
+    placement = model_runs.resolve_placement(device, dtype, quiet)
+    loaded, ensemble = model_runs.load_models(model_paths, ensemble_weights, placement, quiet)
     length_penalty, excluded_ids = translate_scoring(loaded, alpha, normalize, quiet)
     # Read lazily, in a thread (scoring.score_text_pairs): each window is scored and written before
     # the next read blocks, so `--tgt -` may be an interactive pipe.
@@ -211,8 +217,9 @@ def score_with_model(
     targets: deque[str] = deque()  # the targets read so far and not yet written, for the JSON pieces
     if as_json:
         pairs = remember_targets(pairs, targets)
+    scored = ensemble if ensemble is not None else loaded.model
     with open_output(output) as out:
-        scores = score_text_pairs(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, length_penalty, batch_size,
+        scores = score_text_pairs(scored, loaded.src_tokenizer, loaded.tgt_tokenizer, pairs, length_penalty, batch_size,
                                   excluded_ids=excluded_ids)
         totals = write_scores(scores, targets if as_json else None, normalize, loaded.tgt_tokenizer, out)
     if totals.pairs:

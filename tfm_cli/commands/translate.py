@@ -11,7 +11,7 @@ import typer
 
 from tfm_cli.commands import model_runs
 from tfm_cli.commands.options import align_head_option, align_layer_option, align_null_option, align_shift_option
-from tfm_cli.commands.options import device_option, dtype_option, threads_option
+from tfm_cli.commands.options import device_option, dtype_option, ensemble_weights_option, threads_option
 from tfm_cli.console import print_info, print_warning
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import decode_default, model_default_note
@@ -30,6 +30,7 @@ EPILOG = (
     "  tfm translate -m model.safetensors -i test.de --beam 5 --length-penalty 1.0 --scores\n\n"
     "  echo 'Ein Hund rennt.' | tfm translate -m model.safetensors --alignment --align-head mean --json\n\n"
     "  echo 'A dog runs.' | tfm translate -m opus-mt-en-roa.safetensors --target-lang fra\n\n"
+    "  tfm translate -m run1/average.safetensors -m run2/average.safetensors --ensemble-weights 0.6,0.4 -i test.de\n\n"
     "A checkpoint may carry its own defaults for --beam, --length-penalty and the length limit (the "
     "\\[decode] section of the recipe it was trained with, or an imported model's generation config); "
     "flags given here override them, and stderr says which settings were used.\n\n"
@@ -42,7 +43,8 @@ EPILOG = (
 
 def translate(
     ctx: typer.Context,
-    model: str = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside."),
+    model: list[str] = typer.Option(..., "-m", "--model", help="A tfm checkpoint (.safetensors) with its tokenizer inside. Repeat for an ensemble: one search over the weighted mean of the models' log-probs; they must share both vocabularies, and tokenizers, decoding defaults and alignments come from the first."),
+    ensemble_weights: Optional[str] = ensemble_weights_option(),
     input: str = typer.Option("-", "-i", "--input", help="Raw source text, one sentence per line; `-` = stdin."),
     output: str = typer.Option("-", "-o", "--output", help="Where to write; `-` = stdout."),
     # Flags a checkpoint may bring defaults for default to None (= not given; see inference/settings.py),
@@ -106,7 +108,7 @@ def translate(
     text_options = text_preparation(constraints, glossary, markup, split_sentences, source_lang)
     want_alignment = alignment or as_json or markup is not None
     align_flags = model_runs.alignment_flags(align_layer, align_head, align_shift, align_null)
-    loaded = model_runs.load_placed_model(model, model_runs.resolve_placement(device, dtype, quiet))
+    loaded, ensemble = model_runs.load_models(model, ensemble_weights, model_runs.resolve_placement(device, dtype, quiet), quiet)
     decode = resolve_decode(flags, loaded.decode_defaults)
     align = model_runs.checked_alignment(loaded, align_flags) if want_alignment else None
     prefix = language_prefix(loaded, target_lang)
@@ -116,8 +118,10 @@ def translate(
     # the output buffers for a worker to write again when it exits.
     sys.stdout.flush()
     sys.stderr.flush()
-    with SearchWorkers(loaded.model, decode, workers) if workers > 1 else contextlib.nullcontext() as pool:
-        translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options, workers=pool)
+    searched = ensemble if ensemble is not None else loaded.model
+    with SearchWorkers(searched, decode, workers) if workers > 1 else contextlib.nullcontext() as pool:
+        translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options, workers=pool,
+                                ensemble=ensemble)
         output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty,
                                      nbest=decode.nbest)
         translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet)

@@ -17,6 +17,7 @@ from tfm_cli.textio.streams import INPUT_PAUSE_S, read_chunks
 if TYPE_CHECKING:
     import torch
 
+    from tfm_cli.inference.ensemble import Ensemble
     from tfm_cli.length_penalty import LengthPenalty
     from tfm_cli.model import Transformer
     from tfm_cli.tokenization.tokenizer import Tokenizer
@@ -48,9 +49,10 @@ class SentenceScore:
 
 
 def token_log_probs(
-    model: Transformer, src: torch.Tensor, tgt_out: torch.Tensor, excluded_ids: tuple[int, ...] | None = None
+    model: Transformer | Ensemble, src: torch.Tensor, tgt_out: torch.Tensor, excluded_ids: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """Teacher-forced log p(y_t | y_<t, x) of every target token.
+    """Teacher-forced log p(y_t | y_<t, x) of every target token (an ensemble's: the weighted mean of its
+    members' log-probs, as its search scores them).
 
     src: (B, S) int64 (rows end in EOS, padded with pad_id); tgt_out: (B, T) int64, the target ids
     followed by EOS, padded with pad_id. Returns (B, T) float32 natural-log probabilities, 0 at padding.
@@ -59,14 +61,25 @@ def token_log_probs(
     """
     import torch
 
+    from tfm_cli.inference.ensemble import Ensemble
+
     config = model.config
     bos = torch.full_like(tgt_out[:, :1], config.bos_id)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): [BOS] + ids (padding past EOS is never read)
-    logits = model(src, tgt_in).float()  # (B, T, V)
-    if excluded_ids is not None:
-        logits[:, :, list(excluded_ids)] = float("-inf")
-    log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out[:, :, None])[:, :, 0]  # (B, T)
-    return log_probs.masked_fill(tgt_out == config.pad_id, 0.0)
+    if isinstance(model, Ensemble):
+        # The weighted mean of the members' whole distributions; then, as the search's masks do, the bans
+        # and a log_softmax over the tokens left.
+        log_probs = model.log_probs(src, tgt_in)  # (B, T, V)
+        if excluded_ids is not None:
+            log_probs[:, :, list(excluded_ids)] = float("-inf")
+            log_probs = torch.log_softmax(log_probs, dim=-1)
+    else:
+        logits = model(src, tgt_in).float()  # (B, T, V)
+        if excluded_ids is not None:
+            logits[:, :, list(excluded_ids)] = float("-inf")
+        log_probs = torch.log_softmax(logits, dim=-1)
+    chosen = log_probs.gather(2, tgt_out[:, :, None])[:, :, 0]  # (B, T)
+    return chosen.masked_fill(tgt_out == config.pad_id, 0.0)
 
 
 def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | str) -> torch.Tensor:
@@ -81,7 +94,7 @@ def pad_batch(sequences: list[list[int]], pad_id: int, device: torch.device | st
 
 
 def score_id_pairs(
-    model: Transformer, pairs: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty,
+    model: Transformer | Ensemble, pairs: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty,
     excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score one batch of (source ids, target ids) pairs, without EOS (it is appended here).
@@ -131,7 +144,7 @@ def too_long_pair(src_ids: list[int], tgt_ids: list[int], max_positions: int, li
 
 
 def score_text_pairs(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src_tokenizer: Tokenizer,
     tgt_tokenizer: Tokenizer,
     pairs: Iterable[tuple[str, str]],
@@ -169,7 +182,7 @@ def score_text_pairs(
 
 
 def score_window(
-    model: Transformer, window: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty, batch_size: int,
+    model: Transformer | Ensemble, window: list[tuple[list[int], list[int]]], length_penalty: LengthPenalty, batch_size: int,
     excluded_ids: tuple[int, ...] | None = None,
 ) -> list[SentenceScore]:
     """Score `window` in length-sorted batches; returns the scores in the window's original order."""

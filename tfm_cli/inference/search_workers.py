@@ -27,7 +27,8 @@ import torch
 
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
-from tfm_cli.inference.decoding import TransformerDecoder, source_batch
+from tfm_cli.inference.decoding import source_batch
+from tfm_cli.inference.ensemble import Ensemble, step_decoder
 from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
 from tfm_cli.inference.search_state import SearchState
 from tfm_cli.model import Transformer
@@ -49,10 +50,11 @@ class SearchJob:
     state: SearchState | None = None
 
 
-def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> list[list[Hypothesis]]:
-    """Search one batch on `model`; returns per source its n-best hypotheses (sampled when decode.sample)."""
+def search_batch(model: Transformer | Ensemble, job: SearchJob, decode: DecodeConfig) -> list[list[Hypothesis]]:
+    """Search one batch on `model` (one model or an ensemble); returns per source its n-best hypotheses
+    (sampled when decode.sample)."""
     device = next(model.parameters()).device
-    decoder = TransformerDecoder(model, source_batch(job.sources, model.config, device))
+    decoder = step_decoder(model, source_batch(job.sources, model.config, device))
     with torch.inference_mode():
         if decode.sample:
             return search_samples(decoder, decode, job.seeds)
@@ -60,7 +62,7 @@ def search_batch(model: Transformer, job: SearchJob, decode: DecodeConfig) -> li
 
 
 def worker_loop(
-    model: Transformer, decode: DecodeConfig, jobs: multiprocessing.Queue, answers: multiprocessing.Queue, parent: int
+    model: Transformer | Ensemble, decode: DecodeConfig, jobs: multiprocessing.Queue, answers: multiprocessing.Queue, parent: int
 ) -> None:
     """A worker's life: take (number, SearchJob) from `jobs`, put (number, hypotheses, None) or
     (number, None, error text) on `answers`, until None arrives or process `parent` is gone."""
@@ -87,13 +89,14 @@ def worker_loop(
 
 
 class SearchWorkers:
-    """`count` forked processes that search batches of `model` with `decode`, one CPU thread each.
+    """`count` forked processes that search batches of `model` (one model or an ensemble) with `decode`,
+    one CPU thread each.
 
     Use as a context manager (or call close()): the workers are stopped when it ends, also on an
     error or Ctrl-C. Only where the operating system can fork (Linux, macOS), on the CPU.
     """
 
-    def __init__(self, model: Transformer, decode: DecodeConfig, count: int) -> None:
+    def __init__(self, model: Transformer | Ensemble, decode: DecodeConfig, count: int) -> None:
         if count < 2:
             raise TfmError(f"decoding workers need at least 2 processes, got {count}")
         if next(model.parameters()).device.type != "cpu":

@@ -29,6 +29,7 @@ from tfm_cli.inference.alignment import (
 )
 from tfm_cli.inference.constraints import ConstraintTracker, phrases_met, word_continuation_ids
 from tfm_cli.inference.decoding import max_output_lengths, padded_length
+from tfm_cli.inference.ensemble import Ensemble
 from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.search import Hypothesis
 from tfm_cli.inference.search_state import SearchState
@@ -93,6 +94,8 @@ class Translator:
     `source_prefix` ids go before every source's own ids: a multilingual Marian model's `>>xx<<`
     target-language tag (vocabulary.language_tag_id). Word alignments leave them out. `workers`:
     forked processes of the same model and decode settings that search the batches instead of this one.
+    `ensemble`: the models searched together instead of `loaded` alone (ensemble.py); `loaded` is its
+    first member, whose tokenizers, alignments and length limits the whole ensemble shares.
     """
 
     def __init__(
@@ -104,10 +107,14 @@ class Translator:
         source_prefix: tuple[int, ...] = (),
         text: TextOptions = TextOptions(),
         workers: SearchWorkers | None = None,
+        ensemble: Ensemble | None = None,
     ) -> None:
         self.loaded = loaded
         self.workers = workers
-        self.model = loaded.model
+        self.model = loaded.model  # aligns the outputs (with an ensemble, its first member)
+        if ensemble is not None and ensemble.members[0] is not loaded.model:
+            raise ValueError("an ensemble's Translator is given its first member as `loaded`")
+        self.searched: Transformer | Ensemble = ensemble if ensemble is not None else loaded.model
         self.decode = decode
         self.length_penalty = decode_length_penalty(decode)
         self.batching = batching
@@ -137,8 +144,9 @@ class Translator:
         self.device = next(self.model.parameters()).device
         if alignment is not None:
             alignment.check(self.model.config.n_dec_layers, self.model.config.n_heads)
-        # Sources are fed as prefix + ids + [EOS] and must fit the positional table.
-        self.max_src_ids = self.model.config.max_positions - 1 - len(self.source_prefix)
+        # Sources are fed as prefix + ids + [EOS] and must fit the positional table (every member's).
+        self.max_positions = self.searched.config.max_positions
+        self.max_src_ids = self.max_positions - 1 - len(self.source_prefix)
 
     def translate_chunk(self, lines: list[str], first_index: int, stats: TranslationStats) -> list[TranslatedLine]:
         """Translate `lines` (line `first_index` onwards); returns one TranslatedLine per line, in order.
@@ -192,7 +200,7 @@ class Translator:
                 results[i].constraints = phrases[i]
                 constraints[i] = self.encode_phrases(phrases[i], len(sources[i]) + 1, results[i].warnings)
         searched = search_batches(
-            self.model, sources, self.decode, self.batching, seeds={i: self.decode.seed + seed_indices[i] for i in sources},
+            self.searched, sources, self.decode, self.batching, seeds={i: self.decode.seed + seed_indices[i] for i in sources},
             workers=self.workers, search_state=self.constraint_tracker(constraints) if self.constrained else None,
         )
         for batch, hypotheses in searched:
@@ -252,7 +260,7 @@ class Translator:
                 f"constraint {listed} has characters the model's vocabulary lacks; it was not used" if len(unusable) == 1
                 else f"constraints {listed}{more} have characters the model's vocabulary lacks; they were not used"
             )
-        most = self.model.config.max_positions - 2
+        most = self.max_positions - 2
         limit = int(max_output_lengths(torch.tensor([src_length]), self.decode.max_len_a, self.decode.max_len_b, most)[0])
         needed = sum(len(ids) for ids in encoded)
         if needed > limit:
@@ -335,7 +343,7 @@ def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) ->
 
 
 def search_batches(
-    model: Transformer,
+    model: Transformer | Ensemble,
     sources: dict[int, list[int]],
     decode: DecodeConfig,
     batching: BatchingConfig,
@@ -344,7 +352,8 @@ def search_batches(
     workers: SearchWorkers | None = None,
     search_state: Callable[[list[int]], SearchState | None] | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
-    """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches.
+    """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches
+    of `model` (one model or an ensemble).
 
     Yields (line indices of a batch, n-best hypotheses per line), batch by batch in bucketed_batches'
     order. Sampling draws line i's samples from seeds[i], by default decode.seed + first_index + i, so
