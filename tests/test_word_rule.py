@@ -94,3 +94,34 @@ def test_markup_places_tags_on_words_a_unicode_space_separates(random_checkpoint
     source_text = line.replace("<b>", "").replace("</b>", "")
     assert [source_text[a:b] for a, b in record["source_words"]] == ["the", "dog", "sees", "my", "cat", "."]
     assert record["translation"].count("<b>") == 1 and record["translation"].count("</b>") == 1
+
+
+def test_inspect_attention_gives_a_link_per_target_word_of_the_rule(random_checkpoint):
+    source, target = "the\u00a0dog\tsees my\u3000cat", "la\u2009hundo vidas\tmian kato"
+    result = run_cli(["inspect-attention", "-m", random_checkpoint, source, "--target", target, "--words",
+                      "--format", "pharaoh", "--threads", "1"])
+    assert result.exit_code == 0, result.stderr
+    pairs = parse_pharaoh(result.stdout)
+    assert [tgt for _, tgt in pairs] == list(range(len(target.split())))
+    assert all(src < len(source.split()) for src, _ in pairs)
+
+
+def test_guided_training_counts_the_words_of_each_line_by_the_rule(tmp_path, small_spm):
+    from conftest import REPO_ROOT
+
+    (tmp_path / "train.src").write_text("the\u00a0dog\u3000sees\nmy\tcat\n" * 20, encoding="utf-8")
+    (tmp_path / "train.tgt").write_text("la hundo\u2009vidas\nmia kato\n" * 20, encoding="utf-8")
+    links = tmp_path / "train.align"
+    settings = {
+        "data.train_src": tmp_path / "train.src", "data.train_tgt": tmp_path / "train.tgt", "data.valid_src": "",
+        "data.valid_tgt": "", "tokenizer.src_model": small_spm, "train.max_steps": 2, "train.save_every": 1000,
+        "data.train_alignment": links, "train.alignment_weight": 0.1,
+    }
+    args = ["train", REPO_ROOT / "recipes" / "tiny.toml", "--threads", "1",
+            *[item for key, value in settings.items() for item in ("--set", f"{key}={value}")]]
+    links.write_text("0-0 1-1 2-2\n0-0 1-1\n" * 20)  # word 2 exists only by the ideographic space
+    assert run_cli([*args, "--run", tmp_path / "ok"]).exit_code == 0
+    links.write_text("0-0 1-1 3-2\n0-0 1-1\n" * 20)
+    refused = run_cli([*args, "--run", tmp_path / "refused"])
+    assert refused.exit_code == 1 and "train.align:1: link 3-2 is beyond the pair's words" in refused.stderr
+    assert "has 3 words" in refused.stderr
