@@ -360,3 +360,12 @@ def test_flags_that_contradict_a_trained_aligner_are_refused_or_warned_about(tra
     # With the aligner set aside, the flags choose how the attention head is read: no contradiction.
     head = run_cli(["translate", "-m", trained_aligner, "--alignment", "--align-layer", "0", "--no-align-shift"], input=line)
     assert head.exit_code == 0 and "contradicts" not in head.stderr and "--no-align" not in head.stderr
+
+
+def test_inspect_attention_warns_when_told_to_read_the_aligner_unshifted(trained_aligner):
+    args = ["inspect-attention", "-m", trained_aligner, "the dog sees my cat", "--target", "la hundo vidas mian katon",
+            "--words", "--format", "pharaoh"]
+    plain = run_cli(args)
+    unshifted = run_cli([*args, "--no-shift"])
+    assert plain.exit_code == 0 and unshifted.exit_code == 0, plain.stderr + unshifted.stderr
+    assert "trained aligner learnt shifted rows" in unshifted.stderr and "trained aligner" not in plain.stderr

@@ -14,7 +14,7 @@ import typer
 from tfm_cli.commands import model_runs
 from tfm_cli.commands.options import device_option, dtype_option, threads_option
 from tfm_cli.config import AlignmentConfig
-from tfm_cli.console import heatmap_table, matrix_table, print_info, stdout_console
+from tfm_cli.console import heatmap_table, matrix_table, print_info, print_warning, stdout_console
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.settings import model_default_note
 from tfm_cli.textio.atomic_files import atomic_write_bytes, open_output, temp_file_beside
@@ -94,6 +94,9 @@ def inspect_attention(
         raise TfmError("--format pharaoh needs --kind cross: alignments come from the cross-attention")
     # Cross-attention shows what aligns: the model's alignment settings unless flags say otherwise.
     chosen = flags.applied_to(loaded.alignment if kind == "cross" else AlignmentConfig())
+    if chosen.aligner and (shift is False or null is False):  # shown as asked, but not as the aligner learnt
+        print_warning("--no-shift/--no-null: the model's trained aligner learnt shifted rows with a NULL word; "
+                      "its links read otherwise are not the ones align and translate give")
     reverse_alignment = flags.applied_to(reverse.alignment) if reverse else None
     examples = make_examples(loaded, pairs, decode, quiet)
     with open_output(output) as out:
