@@ -362,6 +362,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_translate": "integration",
     "test_translate_degenerate": "integration",
     "test_translate_process": "system",
+    "test_translate_resume": "system",
     "test_usage_errors": "integration",
     "test_word_rule": "integration",
     "test_words": "unit",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
+import itertools
 import sys
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Optional
 
 import typer
@@ -82,6 +83,7 @@ def translate(
     threads: int = threads_option(),
     workers: int = typer.Option(1, "--workers", help="Processes that search batches side by side, one CPU thread each (CPU only; e.g. one per core; same translations, more memory)."),
     progress: bool = model_runs.progress_option(),
+    resume: bool = typer.Option(False, "--resume", help="Write -o FILE through FILE.partial chunk by chunk, so that rerunning the same command after an interruption goes on where it stopped (the same output as one run)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No messages on stderr (warnings and errors still show)."),
 ) -> None:
     """Translate text: beam search with the model's length penalty, one output line per input line.
@@ -95,6 +97,7 @@ def translate(
 
     model_runs.set_up_process(ctx, threads)
     check_streams(input, output)
+    job = resume_job(ctx.params) if resume else None
     if workers < 1:
         raise TfmError(f"--workers must be at least 1, got {workers}")
     flags = dict(
@@ -124,7 +127,24 @@ def translate(
                                 ensemble=ensemble)
         output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty,
                                      nbest=decode.nbest)
-        translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet)
+        translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet, resume_job=job)
+
+
+# Options that change how fast or how verbosely translate works, never what it writes (batches are
+# batch-invariant): a rerun with --resume may change them.
+NOT_IN_RESUME_JOB = {"threads", "workers", "progress", "quiet", "resume", "buffer_size", "max_tokens", "batch_size"}
+
+
+def resume_job(params: dict) -> dict:
+    """What a --resume rerun must match: the options that shape the output, and the stamps (path, size,
+    modification time) of the files they name. TfmError when the output is stdout or the input stdin."""
+    from tfm_cli.textio.resumable_output import file_stamp
+
+    if params["output"] == "-" or params["input"] == "-":
+        raise TfmError("--resume continues a file from a file: give -i FILE and -o FILE")
+    job = {key: value for key, value in params.items() if key not in NOT_IN_RESUME_JOB}
+    named = [*params["model"], params["input"], *([params["glossary"]] if params["glossary"] else [])]
+    return {"options": job, "files": [file_stamp(path) for path in named]}
 
 
 def check_streams(input: str, output: str) -> None:
@@ -194,12 +214,13 @@ def report_decode_settings(flags: dict, model_defaults: dict, decode: DecodeConf
     print_info(f"decoding with {used} (the model's defaults where no flag is given)", quiet=quiet)
 
 
-def translate_lines(translator, input: str, output: str, output_format, show_progress: bool, quiet: bool) -> None:
+def translate_lines(
+    translator, input: str, output: str, output_format, show_progress: bool, quiet: bool, resume_job: dict | None = None
+) -> None:
     """Translate the lines of `input` with `translator` into `output` (paths, or `-` for stdin and
     stdout) in `output_format`, with a progress bar when asked or when the input is a file and stderr
-    a terminal; then report on stderr."""
+    a terminal; then report on stderr. With `resume_job`, `output` is written resumably (resume_job())."""
     from tfm_cli.inference.translation import TranslationStats, translate_stream
-    from tfm_cli.textio.atomic_files import open_output
     from tfm_cli.textio.streams import DecodeStats, iter_lines, thread_stdin
 
     decode_stats, stats = DecodeStats(), TranslationStats()
@@ -208,9 +229,15 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
     shown = model_runs.shows_progress(show_progress, quiet, reads_files=input != "-")
     model_runs.hint_stdin("source lines", input == "-", quiet)
     warned = LineWarnings()
-    with open_output(output) as out:
-        chunks = warned.passing(translate_stream(translator, lines, stats))
-        write = functools.partial(write_chunk, out, output_format=output_format)
+    with output_stream(output, resume_job) as (out, done, chunk_done):
+        if done:
+            print_info(f"--resume: the first {done:,} lines of {input} are done; going on from line {done + 1:,}", quiet=quiet)
+        chunks = warned.passing(translate_stream(translator, itertools.islice(lines, done, None), stats, first_index=done))
+
+        def write(chunk: list[TranslatedLine]) -> None:
+            write_chunk(out, chunk, output_format)
+            chunk_done(len(chunk))
+
         model_runs.write_with_progress(chunks, write, shown, "translating", input)
     if decode_stats.invalid_utf8_lines:
         print_warning(decode_stats.invalid_utf8_warning())
@@ -227,6 +254,27 @@ def translate_lines(translator, input: str, output: str, output_format, show_pro
         f"{stats.output_tokens / max(elapsed, 1e-9):.0f} target tokens/s",
         quiet=quiet,
     )
+
+
+@contextlib.contextmanager
+def output_stream(output: str, resume_job: dict | None) -> Iterator[tuple[IO[str], int, Callable[[int], None]]]:
+    """(the stream to write results to, input lines already done, a call after each chunk with its line
+    count): the whole-or-nothing output of open_output, or with `resume_job` a ResumableOutput's."""
+    from tfm_cli.textio.atomic_files import open_output
+    from tfm_cli.textio.resumable_output import ResumableOutput
+
+    if resume_job is None:
+        with open_output(output) as out:
+            yield out, 0, lambda lines: None
+        return
+    resumable = ResumableOutput(output, resume_job)
+    out, done = resumable.open()
+    try:
+        yield out, done, resumable.chunk_done
+    except BaseException:
+        resumable.close()  # FILE.partial and its record stay for the rerun
+        raise
+    resumable.finish()
 
 
 def write_chunk(out: IO[str], chunk: list[TranslatedLine], output_format: OutputFormat) -> None:

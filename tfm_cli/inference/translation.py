@@ -381,9 +381,11 @@ def translate_stream(
     translator: Translator,
     lines: Iterable[str],
     stats: TranslationStats,
+    first_index: int = 0,
 ) -> Iterator[list[TranslatedLine]]:
-    """Translate `lines` chunk by chunk; yields each chunk's TranslatedLines, in input order."""
-    done = 0
+    """Translate `lines` chunk by chunk; yields each chunk's TranslatedLines, in input order. The first
+    line is line `first_index` of its input (0-based): it numbers the lines and their sampling seeds."""
+    done = first_index
     batching = translator.batching
     for chunk in read_chunks(lines, batching.buffer_size, batching.pause_s):
         started = time.perf_counter()

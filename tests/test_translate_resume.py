@@ -1,0 +1,86 @@
+"""`tfm translate --resume`: a run stopped by a signal and run again writes the very file one run writes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, run_tfm_process
+
+
+def long_input(synthetic: dict[str, Path], path: Path) -> Path:
+    """1,600 synthetic source lines, with a blank line now and then."""
+    lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines() * 8
+    lines[7::50] = [""] * len(lines[7::50])
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def interrupt(args: list, output: Path, at_least: int) -> None:
+    """Run `tfm translate ARGS --resume` and stop it with SIGINT once `at_least` lines are recorded as done;
+    checks that no output file appeared and the record is short of the whole."""
+    record = output.with_name(output.name + ".partial.json")
+    process = subprocess.Popen([sys.executable, "-m", "tfm_cli", "translate", *map(str, args), "--resume"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if json.loads(record.read_text(encoding="utf-8"))["lines"] >= at_least:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    assert process.returncode != 0, "the run ended before it could be interrupted"
+    assert not output.exists() and record.exists()
+    assert at_least <= json.loads(record.read_text(encoding="utf-8"))["lines"] < 1600
+
+
+def interrupted_then_resumed(args: list, output: Path, at_least: int) -> subprocess.CompletedProcess:
+    """interrupt(), then the same command run again to the end."""
+    interrupt(args, output, at_least)
+    return run_tfm_process(["translate", *args, "--resume"])
+
+
+@pytest.mark.parametrize("options", [[], ["--sample", "--seed", "3", "--scores"]], ids=["beam", "sampling"])
+def test_a_resumed_run_writes_the_file_one_run_writes(random_checkpoint, synthetic, tmp_path, options):
+    source = long_input(synthetic, tmp_path / "in.txt")
+    common = ["-m", random_checkpoint, "-i", source, "--buffer-size", "40", "--threads", "1", *options]
+    whole = run_tfm_process(["translate", *common, "-o", tmp_path / "whole.txt"])
+    assert whole.returncode == 0, whole.stderr.decode()
+    output = tmp_path / "resumed.txt"
+    resumed = interrupted_then_resumed([*common, "-o", output], output, at_least=200)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert "--resume: the first" in resumed.stderr.decode()
+    assert output.read_bytes() == (tmp_path / "whole.txt").read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "resumed.txt", "whole.txt"]
+
+
+def test_a_half_written_chunk_is_done_again_and_another_job_is_refused(random_checkpoint, synthetic, tmp_path):
+    source = long_input(synthetic, tmp_path / "in.txt")
+    output = tmp_path / "out.txt"
+    common = ["-m", random_checkpoint, "-i", source, "-o", output, "--buffer-size", "40", "--threads", "1"]
+    resumed = interrupted_then_resumed(common, output, at_least=80)
+    assert resumed.returncode == 0
+    expected = output.read_bytes()
+    output.unlink()
+    interrupt(common, output, at_least=80)  # leaves out.txt.partial and its record...
+    partial = output.with_name("out.txt.partial")
+    partial.write_bytes(partial.read_bytes() + b"a chunk cut off by a crash")  # ...with bytes past the record
+    other = run_cli(["translate", *common, "--resume", "--beam", "2"])
+    assert other.exit_code == 1 and "was begun by another job" in other.stderr and not output.exists()
+    again = run_cli(["translate", *common, "--resume"])
+    assert again.exit_code == 0, again.stderr
+    assert output.read_bytes() == expected
+
+
+def test_resume_needs_files(random_checkpoint, tmp_path):
+    result = run_cli(["translate", "-m", random_checkpoint, "--resume"], input="the dog\n")
+    assert result.exit_code == 1 and "--resume continues a file from a file" in result.stderr
