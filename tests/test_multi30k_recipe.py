@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -126,3 +127,36 @@ def test_run_sh_wants_a_direction():
     result = subprocess.run(["bash", RECIPE_DIR / "run.sh", "fr-en"], env=script_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "de-en|en-de" in result.stderr
+
+
+def test_distill_sh_trains_a_student_on_the_teachers_translations(small_multi30k, tmp_path):
+    from conftest import run_cli, save_random_checkpoint
+
+    teacher = tmp_path / "teacher"  # what run.sh leaves: average.safetensors and train/spm.model
+    (teacher / "train").mkdir(parents=True)
+    spm = run_cli(["tokenize", "train", small_multi30k / "train.de", small_multi30k / "train.en", "-o",
+                   teacher / "train" / "spm", "--vocab-size", "400"])
+    assert spm.exit_code == 0, spm.stderr
+    save_random_checkpoint(teacher / "average.safetensors", teacher / "train" / "spm.model", seed=0)
+    shrink = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "train.max_tokens=600", "train.max_steps=6",
+              "train.save_every=2", "train.valid_every=3", "train.warmup_steps=2"]
+    args = [arg for setting in shrink for arg in ("--set", setting)]
+    env = script_env(MULTI30K_DIR=str(small_multi30k), TFM_THREADS="1", STUDENT_ENCODER_LAYERS="2", STUDENT_DECODER_LAYERS="1")
+    student = tmp_path / "student"
+    result = subprocess.run(["bash", RECIPE_DIR / "distill.sh", "de-en", teacher, student, *args],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # The distilled targets are the teacher's own translations of the training sources, line for line.
+    teacher_says = subprocess.run([sys.executable, "-m", "tfm_cli", "translate", "-m", teacher / "average.safetensors",
+                                   "--threads", "1", "-q"], input=(small_multi30k / "train.de").read_text(encoding="utf-8"),
+                                  capture_output=True, text=True, env=env)
+    assert (student / "distilled.en").read_text(encoding="utf-8") == teacher_says.stdout
+    config = json.loads((student / "train" / "config.json").read_text(encoding="utf-8"))
+    assert (config["model_config"]["n_enc_layers"], config["model_config"]["n_dec_layers"]) == (2, 1)
+    assert config["recipe"]["tokenizer"]["src_model"] == str(teacher / "train" / "spm.model")
+    scores = (student / "test_2016_flickr.score").read_text(encoding="utf-8").splitlines()
+    assert [line.split(":")[0] for line in scores] == ["greedy", "beam"] and all("BLEU" in line for line in scores)
+    assert len((student / "test_2016_flickr.en.greedy.hyp").read_text(encoding="utf-8").splitlines()) == 25
+    again = subprocess.run(["bash", RECIPE_DIR / "distill.sh", "de-en", teacher, student, *args],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "is there, newer than the teachers: kept" in again.stderr
