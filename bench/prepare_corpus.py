@@ -86,7 +86,7 @@ def cpu_flags() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "lscpu unavailable"
     flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("Flags:")), [])
-    shown = [f"{name} {'yes' if name in flags else 'no'}" for name in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16")]
+    shown = [f"{name} {'yes' if name in flags else 'no'}" for name in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_vp2intersect")]
     amx = [flag for flag in flags if flag.startswith("amx")]
     return ", ".join(shown + [f"amx {' '.join(amx) if amx else 'no'}"])
 

@@ -65,7 +65,8 @@ SENTENCES = ["the dog sees my cat", "two old birds open your six rivers", "my ca
     {"share_embeddings": False, "tie_output": False},
     {"share_embeddings": False, "tie_output": True, "activation": "gelu"},
     {"share_embeddings": True, "activation": "swish", "sinusoid_layout": "halves", "output_bias": True},
-], ids=["shared", "separate-untied", "separate-tied-gelu", "swish-halves-bias"])
+    {"share_embeddings": True, "n_enc_layers": 3, "n_dec_layers": 1},
+], ids=["shared", "separate-untied", "separate-tied-gelu", "swish-halves-bias", "student-3-1"])
 def test_marian_folder_gives_tfm_logits(small_spm, tmp_path, overrides):
     model = random_checkpoint(small_spm, tmp_path, seed=1, **overrides)
     export(model, "marian", tmp_path / "marian")
@@ -167,11 +168,13 @@ def test_refusals_are_one_line_and_write_nothing(small_spm, tmp_path, case):
         assert [p.name for p in folder.iterdir()] == ["keep.txt"]
 
 
-@pytest.mark.parametrize("layout", ["halves", "interleaved"])
-def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout):
+@pytest.mark.parametrize("layout, layers", [("halves", (2, 2)), ("interleaved", (2, 2)), ("halves", (3, 1))],
+                         ids=["halves", "interleaved", "student-3-1"])
+def test_export_then_import_gives_the_same_model(small_spm, tmp_path, layout, layers):
     from safetensors.torch import load_file
 
-    model = random_checkpoint(small_spm, tmp_path, seed=3, sinusoid_layout=layout, activation="swish")
+    model = random_checkpoint(small_spm, tmp_path, seed=3, sinusoid_layout=layout, activation="swish",
+                              n_enc_layers=layers[0], n_dec_layers=layers[1])
     export(model, "marian", tmp_path / "marian")
     imported = tmp_path / "imported.safetensors"
     result = run_cli(["import", tmp_path / "marian", "-o", imported, "-q"])

@@ -9,14 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import run_cli, run_tfm_process
 
 
 def long_input(synthetic: dict[str, Path], path: Path) -> Path:
-    """1,600 synthetic source lines, with a blank line now and then."""
-    lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines() * 8
+    """400 synthetic source lines, with a blank line now and then."""
+    lines = synthetic["test.src"].read_text(encoding="utf-8").splitlines() * 2
     lines[7::50] = [""] * len(lines[7::50])
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
@@ -40,7 +38,7 @@ def interrupt(args: list, output: Path, at_least: int) -> None:
     process.communicate(timeout=60)
     assert process.returncode != 0, "the run ended before it could be interrupted"
     assert not output.exists() and record.exists()
-    assert at_least <= json.loads(record.read_text(encoding="utf-8"))["lines"] < 1600
+    assert at_least <= json.loads(record.read_text(encoding="utf-8"))["lines"] < 400
 
 
 def interrupted_then_resumed(args: list, output: Path, at_least: int) -> subprocess.CompletedProcess:
@@ -49,14 +47,14 @@ def interrupted_then_resumed(args: list, output: Path, at_least: int) -> subproc
     return run_tfm_process(["translate", *args, "--resume"])
 
 
-@pytest.mark.parametrize("options", [[], ["--sample", "--seed", "3", "--scores"]], ids=["beam", "sampling"])
-def test_a_resumed_run_writes_the_file_one_run_writes(random_checkpoint, synthetic, tmp_path, options):
+def test_a_resumed_run_writes_the_file_one_run_writes(random_checkpoint, synthetic, tmp_path):
     source = long_input(synthetic, tmp_path / "in.txt")
-    common = ["-m", random_checkpoint, "-i", source, "--buffer-size", "40", "--threads", "1", *options]
+    common = ["-m", random_checkpoint, "-i", source, "--buffer-size", "20", "--threads", "1", "--sample", "--seed", "3",
+              "--scores"]  # sampling: each line's draw must not depend on where the run started
     whole = run_tfm_process(["translate", *common, "-o", tmp_path / "whole.txt"])
     assert whole.returncode == 0, whole.stderr.decode()
     output = tmp_path / "resumed.txt"
-    resumed = interrupted_then_resumed([*common, "-o", output], output, at_least=200)
+    resumed = interrupted_then_resumed([*common, "-o", output], output, at_least=60)
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert "--resume: the first" in resumed.stderr.decode()
     assert output.read_bytes() == (tmp_path / "whole.txt").read_bytes()
@@ -65,20 +63,19 @@ def test_a_resumed_run_writes_the_file_one_run_writes(random_checkpoint, synthet
 
 def test_a_half_written_chunk_is_done_again_and_another_job_is_refused(random_checkpoint, synthetic, tmp_path):
     source = long_input(synthetic, tmp_path / "in.txt")
+    options = ["-m", random_checkpoint, "-i", source, "--buffer-size", "20", "--threads", "1"]  # beam search
+    whole = run_cli(["translate", *options, "-o", tmp_path / "whole.txt"])
+    assert whole.exit_code == 0, whole.stderr
     output = tmp_path / "out.txt"
-    common = ["-m", random_checkpoint, "-i", source, "-o", output, "--buffer-size", "40", "--threads", "1"]
-    resumed = interrupted_then_resumed(common, output, at_least=80)
-    assert resumed.returncode == 0
-    expected = output.read_bytes()
-    output.unlink()
-    interrupt(common, output, at_least=80)  # leaves out.txt.partial and its record...
+    common = [*options, "-o", output]
+    interrupt(common, output, at_least=40)  # leaves out.txt.partial and its record...
     partial = output.with_name("out.txt.partial")
     partial.write_bytes(partial.read_bytes() + b"a chunk cut off by a crash")  # ...with bytes past the record
     other = run_cli(["translate", *common, "--resume", "--beam", "2"])
     assert other.exit_code == 1 and "was begun by another job" in other.stderr and not output.exists()
     again = run_cli(["translate", *common, "--resume"])
     assert again.exit_code == 0, again.stderr
-    assert output.read_bytes() == expected
+    assert output.read_bytes() == (tmp_path / "whole.txt").read_bytes()
 
 
 def test_resume_needs_files(random_checkpoint, tmp_path):
