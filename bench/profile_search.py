@@ -1,7 +1,7 @@
 """Where tfm's beam search spends its time: torch.profiler over a few batches, top operators by self CPU.
 
 Usage: python bench/profile_search.py --model CKPT [--source FILE] [--lines 256] [--beam 5]
-       [--batch-size 32] [--threads 2] [--top 15]
+       [--batch-size 32] [--threads 2] [--top 15] [--dtype float32|int8|bf16]
 Prints a Markdown table (operator, self CPU ms, share, calls) and the wall time with and without
 the profiler attached, so the profiler's own overhead is visible.
 """
@@ -41,9 +41,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--dtype", default="float32", help="the linear layers' precision, as translate --dtype")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, dtype=args.dtype)
     batches = make_batches(loaded, args.source, args.lines, args.batch_size)
     decode_config = DecodeConfig(beam_size=args.beam, length_penalty=0.0)
 
@@ -64,7 +65,7 @@ def main() -> None:
         profiled = time.perf_counter() - start
     events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    print(f"# {args.lines} lines, beam {args.beam}, batch {args.batch_size}, {args.threads} threads: "
+    print(f"# {args.lines} lines, beam {args.beam}, batch {args.batch_size}, {args.threads} threads, {args.dtype}: "
           f"{plain:.2f} s without the profiler, {profiled:.2f} s with it")
     print("| operator | self CPU ms | share | calls |")
     print("|---|---:|---:|---:|")
