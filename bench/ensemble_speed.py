@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from prepare_corpus import cpu_flags  # noqa: E402
+from whole_process import bleu  # noqa: E402
 
 
 def timed_translate(models: list[str], source: Path, output: Path, beam: int, threads: int) -> float:
@@ -35,14 +36,6 @@ def timed_translate(models: list[str], source: Path, output: Path, beam: int, th
     if result.returncode != 0:
         sys.exit(result.stderr)
     return seconds
-
-
-def bleu(hypotheses: Path, reference: Path) -> float:
-    import sacrebleu
-
-    hyp = hypotheses.read_text(encoding="utf-8").splitlines()
-    ref = reference.read_text(encoding="utf-8").splitlines()
-    return sacrebleu.corpus_bleu(hyp, [ref]).score
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 
@@ -35,10 +36,10 @@ from tfm_cli.tokenization.words import word_char_offsets
 OPENERS = ['<b id="e{n}">', '<i id="e{n}">', '<a id="e{n}" href="https://example.org/?q=1&amp;r={n}">']
 
 
-def translate_json(model: str, lines: list[str]) -> list[dict]:
-    """`tfm translate --markup html --json` on `lines`; one record per line."""
+def translate_json(model: str, lines: list[str], options: Sequence[str] = ("--markup", "html")) -> list[dict]:
+    """`tfm translate --json` with `options` (by default `--markup html`) on `lines`; one record per line."""
     result = subprocess.run(
-        [sys.executable, "-m", "tfm_cli", "translate", "-m", model, "--markup", "html", "--json", "-q", "--threads", "2"],
+        [sys.executable, "-m", "tfm_cli", "translate", "-m", model, "--json", "-q", "--threads", "2", *options],
         input="".join(line + "\n" for line in lines), capture_output=True, text=True,
     )
     if result.returncode != 0:

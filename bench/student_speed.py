@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from prepare_corpus import cpu_flags  # noqa: E402
 from translate_memory import export_ctranslate2  # noqa: E402
+from whole_process import bleu  # noqa: E402
 
 CTRANSLATE2_TEACHER = """
 import sys, ctranslate2, sentencepiece
@@ -56,15 +57,6 @@ def timed(command: list[str]) -> float:
     if result.returncode != 0:
         sys.exit(f"{' '.join(command[:6])}... failed:\n{result.stderr[-2000:]}")
     return seconds
-
-
-def bleu(hypotheses: Path, reference: Path) -> float:
-    """Corpus BLEU (sacrebleu defaults) of a hypothesis file against a reference file."""
-    import sacrebleu
-
-    hyps = hypotheses.read_text(encoding="utf-8").splitlines()
-    refs = reference.read_text(encoding="utf-8").splitlines()
-    return sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
 def tfm_command(model: Path, source: Path, output: Path, threads: int, *options: str) -> list[str]:

@@ -21,34 +21,19 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import random
-import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from markup_transfer import element_words  # noqa: E402
+from markup_transfer import element_words, translate_json  # noqa: E402
 from prepare_corpus import cpu_flags  # noqa: E402
 from tfm_cli.inference.alignment import parse_pharaoh  # noqa: E402
 from tfm_cli.tokenization.words import split_words  # noqa: E402
 
 COLUMNS = ["line", "word", "noun", "tagged_source", "translation", "reference"]
-
-
-def tfm_translate(model: str, lines: list[str], *options: str) -> list[dict]:
-    """`tfm translate --json` of `lines` with `options`: one record per line."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tfm_cli", "translate", "-m", model, "--json", "-q", "--threads", "2", *options],
-        input="".join(line + "\n" for line in lines), capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        sys.exit(result.stderr)
-    records = [json.loads(row) for row in result.stdout.splitlines()]
-    assert len(records) == len(lines), "one output line per input line"
-    return records
 
 
 def noun_to_tag(words: list[str], rng: random.Random) -> int | None:
@@ -76,7 +61,7 @@ def prepare(args: argparse.Namespace) -> None:
         if len(rows) == args.lines:
             break
     sources = [" ".join(split_words(line)) for line in Path(args.src).read_text(encoding="utf-8").splitlines()]
-    records = tfm_translate(args.model, [sources[row["line"] - 1] for row in rows])
+    records = translate_json(args.model, [sources[row["line"] - 1] for row in rows], options=())
     with open(args.output, "w", encoding="utf-8", newline="") as out:
         writer = csv.DictWriter(out, COLUMNS, delimiter="\t")
         writer.writeheader()
@@ -122,9 +107,9 @@ def read_references(path: str) -> list[dict]:
 
 def score_variant(model: str, rows: list[dict], options: list[str]) -> tuple[Tally, Tally, int]:
     """(tag placement, the tagged word's --alignment links, lines whose translation changed) of one variant."""
-    marked = tfm_translate(model, [row["tagged_source"] for row in rows], "--markup", "html", *options)
-    plain = tfm_translate(model, [row["tagged_source"].replace("<b>", "").replace("</b>", "") for row in rows],
-                          "--alignment", *options)
+    marked = translate_json(model, [row["tagged_source"] for row in rows], ["--markup", "html", *options])
+    plain = translate_json(model, [row["tagged_source"].replace("<b>", "").replace("</b>", "") for row in rows],
+                           ["--alignment", *options])
     tags, links, changed = Tally(), Tally(), 0
     for row, tagged_record, plain_record in zip(rows, marked, plain):
         if tagged_record["plain_translation"] != row["translation"] or plain_record["translation"] != row["translation"]:
