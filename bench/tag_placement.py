@@ -14,7 +14,7 @@ model it was made with.
 Usage:
   python bench/tag_placement.py prepare -m MODEL --src test_2016_flickr.de --lines 150 -o refs.tsv
   (fill the reference column by hand)
-  python bench/tag_placement.py score -m MODEL --refs refs.tsv [--attention MODEL] [--guided MODEL]
+  python bench/tag_placement.py score -m MODEL --refs refs.tsv [--attention MODEL] [--guided MODEL] [--aligner NAME=MODEL ...]
 """
 
 from __future__ import annotations
@@ -135,6 +135,11 @@ def score(args: argparse.Namespace) -> None:
         variants.append(("cross-attention (the model without its aligner, its own settings)", args.attention, []))
     if args.guided:
         variants.append(("guided head (the guided checkpoint's)", args.guided, []))
+    for given in args.aligner:
+        name, _, path = given.partition("=")
+        if not path:
+            sys.exit(f"--aligner {given}: give NAME=CHECKPOINT")
+        variants.append((name, path, []))
     print(f"tag placement on {len(rows)} lines of {args.refs}, {date.today()}, CPU flags: {cpu_flags()}\n")
     print("| alignment source | elements judged | tag encloses exactly the reference | overlaps it "
           "| exactly, nouns the translation renders |")
@@ -165,6 +170,8 @@ def main() -> None:
     judge.add_argument("--attention", help="the same weights without the aligner (e.g. the run's average.safetensors): "
                        "links from cross-attention with that checkpoint's own alignment settings")
     judge.add_argument("--guided", help="a guided-alignment checkpoint that translates the same (optional)")
+    judge.add_argument("--aligner", action="append", default=[], metavar="NAME=CHECKPOINT",
+                       help="another aligner of the same weights (e.g. taught other links), a row named NAME; repeatable")
     args = parser.parse_args()
     prepare(args) if args.command == "prepare" else score(args)
 
