@@ -52,9 +52,9 @@ if [ "${ALIGNER:-1}" = 1 ] && command -v eflomal-align > /dev/null; then
   echo "== 2b/4 eflomal links of the training pairs, and the averaged model's aligner learnt from them" >&2
   # The links that at least 6 of 12 eflomal runs' grow-diag-final-and symmetrizations have (eflomal
   # samples, so runs differ). Chosen by tag placement on 100 hand-annotated de-en val lines (en-de
-  # not measured): 89% of tags
-  # around the right words, against 85% for recipes/alignment's intersection vote (at least 3 of 12),
-  # whose one-to-one links leave the second word of `life vest` unlinked (bench/RESULTS.md).
+  # not measured): 89% of tags around the right words, against 85% for recipes/alignment's
+  # intersection vote (at least 3 of 12), whose one-to-one links leave the second word of `life vest`
+  # unlinked (bench/RESULTS.md).
   run_files=()
   for number in $(seq 1 12); do
     eflomal-align -s "$data/train.$src" -t "$data/train.$tgt" -f "$run/eflomal$number.fwd" -r "$run/eflomal$number.rev" --overwrite >&2
