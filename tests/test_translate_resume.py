@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -81,3 +82,29 @@ def test_a_half_written_chunk_is_done_again_and_another_job_is_refused(random_ch
 def test_resume_needs_files(random_checkpoint, tmp_path):
     result = run_cli(["translate", "-m", random_checkpoint, "--resume"], input="the dog\n")
     assert result.exit_code == 1 and "--resume continues a file from a file" in result.stderr
+
+
+def test_resume_goes_by_contents_not_modification_time(random_checkpoint, synthetic, tmp_path):
+    source = long_input(synthetic, tmp_path / "in.txt")
+    options = ["-m", random_checkpoint, "-i", source, "--buffer-size", "20", "--threads", "1", "--beam", "2"]
+    whole = run_cli(["translate", *options, "-o", tmp_path / "whole.txt"])
+    assert whole.exit_code == 0, whole.stderr
+    output = tmp_path / "out.txt"
+    interrupt([*options, "-o", output], output, at_least=40)
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # as a copy or a re-mounted folder does
+    touched = run_cli(["translate", *options, "-o", output, "--resume"])
+    assert touched.exit_code == 0, touched.stderr
+    assert output.read_bytes() == (tmp_path / "whole.txt").read_bytes()
+
+    output.unlink()
+    interrupt([*options, "-o", output], output, at_least=40)
+    text = source.read_bytes()
+    middle = text.index(b"\n", len(text) // 2) + 1
+    edited = text[:middle] + (b"X" if text[middle:middle + 1] != b"X" else b"Y") + text[middle + 1:]
+    source.write_bytes(edited)  # the same size; the same modification time, as a fast edit can leave it
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    refused = run_cli(["translate", *options, "-o", output, "--resume"])
+    assert refused.exit_code == 1 and "was begun by another job" in refused.stderr
+    assert f"file {source.resolve()}" in refused.stderr and "option" not in refused.stderr.split("differs in:")[1].split(";")[0]
+    assert not output.exists()

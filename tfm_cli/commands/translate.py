@@ -137,7 +137,7 @@ NOT_IN_RESUME_JOB = {"threads", "workers", "progress", "quiet", "resume", "buffe
 
 def resume_job(params: dict) -> dict:
     """What a --resume rerun must match: the options that shape the output, and the stamps (path, size,
-    modification time) of the files they name. TfmError when the output is stdout or the input stdin."""
+    SHA-256) of the files they name. TfmError when the output is stdout or the input stdin."""
     from tfm_cli.textio.resumable_output import file_stamp
 
     if params["output"] == "-" or params["input"] == "-":

@@ -11,6 +11,7 @@ appears only complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,9 +23,30 @@ from tfm_cli.textio.paths import check_output_path
 
 
 def file_stamp(path: str) -> list[Any]:
-    """What identifies a file's contents cheaply: [absolute path, size in bytes, modification time in ns]."""
-    info = os.stat(path)
-    return [str(Path(path).resolve()), info.st_size, info.st_mtime_ns]
+    """What identifies a file's contents: [absolute path, size in bytes, SHA-256 of the bytes as hex].
+
+    The whole file is hashed (about a second per GB), not its modification time: a copy, a fresh
+    checkout or a re-mounted data folder keeps the contents and changes the time, and an edit that
+    keeps the size and the time must still be caught.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return [str(Path(path).resolve()), os.stat(path).st_size, digest.hexdigest()]
+
+
+def job_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The names of what differs between two jobs of the form {"options": {...}, "files": [stamps]}:
+    option names, and the paths of files whose stamps differ (both sorted); [] when they are equal."""
+    saved_options, current_options = saved.get("options", {}), current.get("options", {})
+    names = sorted(key for key in saved_options.keys() | current_options.keys()
+                   if saved_options.get(key) != current_options.get(key))
+    saved_files = {str(stamp[0]): stamp for stamp in saved.get("files", [])}
+    current_files = {str(stamp[0]): stamp for stamp in current.get("files", [])}
+    files = sorted(path for path in saved_files.keys() | current_files.keys()
+                   if saved_files.get(path) != current_files.get(path))
+    return [f"option {name}" for name in names] + [f"file {path}" for path in files]
 
 
 class ResumableOutput:
@@ -56,9 +78,10 @@ class ResumableOutput:
             except (ValueError, KeyError, TypeError):
                 raise TfmError(f"{self.record}: not a record of --resume; delete it and {self.partial} to start over") from None
             if job != self.job:
+                differences = ", ".join(job_differences(job, self.job)) or "the job's record"
                 raise TfmError(
-                    f"{self.partial} was begun by another job (other options, model or input); rerun with the same "
-                    f"ones, or delete it and {self.record} to start over"
+                    f"{self.partial} was begun by another job (differs in: {differences}); rerun with the same "
+                    f"options and files, or delete it and {self.record} to start over"
                 )
             if done_bytes > self.partial.stat().st_size:
                 raise TfmError(f"{self.partial} is shorter than {self.record} says; delete both to start over")
