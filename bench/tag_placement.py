@@ -15,6 +15,7 @@ Usage:
   python bench/tag_placement.py prepare -m MODEL --src test_2016_flickr.de --lines 150 -o refs.tsv
   (fill the reference column by hand)
   python bench/tag_placement.py score -m MODEL --refs refs.tsv [--attention MODEL] [--guided MODEL] [--aligner NAME=MODEL ...]
+      [--misses misses.tsv]
 """
 
 from __future__ import annotations
@@ -105,21 +106,26 @@ def read_references(path: str) -> list[dict]:
     return rows
 
 
-def score_variant(model: str, rows: list[dict], options: list[str]) -> tuple[Tally, Tally, int]:
-    """(tag placement, the tagged word's --alignment links, lines whose translation changed) of one variant."""
+def score_variant(model: str, rows: list[dict], options: list[str]) -> tuple[Tally, Tally, int, list[list[str]]]:
+    """(tag placement, the tagged word's --alignment links, lines whose translation changed, the misses of
+    tag placement as rows [line, tagged translation, words enclosed, reference]) of one variant."""
     marked = translate_json(model, [row["tagged_source"] for row in rows], ["--markup", "html", *options])
     plain = translate_json(model, [row["tagged_source"].replace("<b>", "").replace("</b>", "") for row in rows],
                            ["--alignment", *options])
-    tags, links, changed = Tally(), Tally(), 0
+    tags, links, changed, misses = Tally(), Tally(), 0, []
     for row, tagged_record, plain_record in zip(rows, marked, plain):
         if tagged_record["plain_translation"] != row["translation"] or plain_record["translation"] != row["translation"]:
             changed += 1
             continue
         reference = set() if row["reference"].strip() == "-" else {int(k) for k in row["reference"].split()}
-        tags.add(enclosed(tagged_record), reference)
+        found = enclosed(tagged_record)
+        tags.add(found, reference)
+        if found != reference:
+            misses.append([row["line"], tagged_record["translation"], " ".join(map(str, sorted(found))) or "-",
+                           row["reference"]])
         word = int(row["word"])
         links.add({t for s, t in parse_pharaoh(plain_record["alignment"]) if s == word}, reference)
-    return tags, links, changed
+    return tags, links, changed, misses
 
 
 def enclosed(record: dict) -> set[int]:
@@ -144,15 +150,21 @@ def score(args: argparse.Namespace) -> None:
     print("| alignment source | elements judged | tag encloses exactly the reference | overlaps it "
           "| exactly, nouns the translation renders |")
     print("|---|---:|---:|---:|---:|")
-    link_rows = []
+    link_rows, all_misses = [], []
     for name, model, options in variants:
-        tags, links, changed = score_variant(model, rows, options)
+        tags, links, changed, misses = score_variant(model, rows, options)
+        all_misses += [[name, *miss] for miss in misses]
         print(tags.row(name) + (f" ({changed} lines translated otherwise, left out)" if changed else ""))
         link_rows.append(links.row(name))
     print("\n| `--alignment` links of the tagged word | words judged | links = the reference words | overlap "
           "| exactly, nouns the translation renders |")
     print("|---|---:|---:|---:|---:|")
     print("\n".join(link_rows))
+    if args.misses:
+        with open(args.misses, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+            writer.writerow(["source", "line", "tagged_translation", "enclosed", "reference"])
+            writer.writerows(all_misses)
 
 
 def main() -> None:
@@ -170,6 +182,7 @@ def main() -> None:
     judge.add_argument("--attention", help="the same weights without the aligner (e.g. the run's average.safetensors): "
                        "links from cross-attention with that checkpoint's own alignment settings")
     judge.add_argument("--guided", help="a guided-alignment checkpoint that translates the same (optional)")
+    judge.add_argument("--misses", help="write the misplaced tags of every variant to this TSV file")
     judge.add_argument("--aligner", action="append", default=[], metavar="NAME=CHECKPOINT",
                        help="another aligner of the same weights (e.g. taught other links), a row named NAME; repeatable")
     args = parser.parse_args()

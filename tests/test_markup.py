@@ -92,15 +92,24 @@ def test_entities_are_decoded_in_the_text_and_escaped_again_in_the_output():
             "<b>A</b> <i>C</i> B",
         ),
         # A marker goes before the word aligned to the next aligned source word, "y" -> Y, with
-        # the one space that followed it in the source.
+        # the one space that followed it in the source. X, aligned to "x" outside <b>, splits <b>'s
+        # words: <b> keeps its longer run, Q R, and P stays outside it.
         ("<b>p q r</b> x <br/> y", "html", "P X Q R Y", [(0, 0), (1, 2), (2, 3), (3, 1), (4, 4)],
-         "<b>P X Q R</b><br/> Y"),
-        # With no next word, it goes after X (aligned to "x"), which sits inside <b>'s range
-        # [P, R]: it moves to the nearer edge of that sibling, its end.
-        ("<b>p q r</b> x <br/>", "html", "P Q X R", [(0, 0), (1, 1), (2, 3), (3, 2)], "<b>P Q X R</b><br/>"),
-        # ... and to its start when that is nearer: after X is boundary 2 of <b>'s [0, 5).
-        ("<b>p q r s</b> x <br/>", "html", "P X Q R S", [(0, 0), (1, 2), (2, 3), (3, 4), (4, 1)],
-         "<br/><b>P X Q R S</b>"),
+         "P X <b>Q R</b><br/> Y"),
+        # With no next word, it goes after Q, the word "x" is aligned to (as is "q"), which sits
+        # inside <b>'s range [P, R]: it moves to the nearer edge of that sibling, its end.
+        ("<b>p q r</b> x <br/>", "html", "P Q R", [(0, 0), (1, 1), (2, 2), (3, 1)], "<b>P Q R</b><br/>"),
+        # ... and to its start when that is nearer: after P is boundary 1 of <b>'s [0, 4).
+        ("<b>p q r s</b> x <br/>", "html", "P Q R S", [(0, 0), (1, 1), (2, 2), (3, 3), (4, 0)],
+         "<br/><b>P Q R S</b>"),
+        # A target word with no link inside an element's words does not split them: X has none.
+        ("<b>a b</b> c", "html", "A X B C", [(0, 0), (1, 2), (2, 3)], "<b>A X B</b> C"),
+        # A stray link far from the rest: "s" links S and, wrongly, A. The words between are
+        # aligned to words outside <b>, so its words form two runs of one; of equally long runs the
+        # tag keeps the one nearest to where its neighbour "c" went (C, word 2): S, not A.
+        ("a b c <b>s</b>", "html", "A B C S", [(0, 0), (1, 1), (2, 2), (3, 3), (3, 0)], "A B C <b>S</b>"),
+        # A longer run wins over a nearer one: "s" renders as the compound "S1 S2", with a stray A.
+        ("a <b>s</b> c", "html", "S1 S2 C A", [(0, 3), (1, 0), (1, 1), (1, 3), (2, 2)], "<b>S1 S2</b> C A"),
         # After the previous word, keeping the source's two spaces only where the target has room.
         ("x  <br/>", "html", "X Y", [(0, 0)], "X <br/>Y"),
     ],

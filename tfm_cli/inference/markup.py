@@ -298,11 +298,13 @@ class _Target:
     src_starts: list[int] = field(init=False)  # src_starts[s]: where source word s starts
     src_ends: list[int] = field(init=False)  # src_ends[s]: where source word s ends
     linked: list[int] = field(init=False)  # the source words with a link, in order
+    aligned: set[int] = field(init=False)  # the target words with a link
 
     def __post_init__(self):
         self.src_starts = [start for start, _ in self.src_words]
         self.src_ends = [end for _, end in self.src_words]
         self.linked = [s for s, targets in enumerate(self.links) if targets]
+        self.aligned = {t for targets in self.links for t in targets}
 
     def words_of(self, element: Element) -> range:
         """The source words whose characters overlap the element's span (those ending after its
@@ -416,30 +418,53 @@ def _child_intervals(target: _Target, parent: Element, lo: int, hi: int) -> dict
 
     A child claims the target words (in [lo, hi)) aligned to its source words; a word claimed by
     several siblings goes to the first in document order. The smallest range covering a child's
-    words may hold a sibling's word (the alignment interleaves them); then the child keeps the run
-    of its words between two such foreign words that holds most of them (the first on a tie), and
-    its other words stay outside it. Its interval starts and ends on its own words and holds no
-    sibling's, so two intervals can never overlap. Bergamot instead repeats a tag around every
-    run; here each tag must appear exactly once.
+    words may hold words aligned to source words outside it (a sibling's, the parent's own text's,
+    or a stray link's far from the rest): then the child keeps one run of its words between two
+    such foreign words: the run that holds most of them; among equally long runs, the one nearest
+    to the target words of the source words on either side of the child (where the child's text
+    sat among its neighbours); then the first. Its other words stay outside it. Target words with
+    no link at all never split a run. The interval starts and ends on the child's own words and
+    holds no foreign word, so two intervals can never overlap. Bergamot instead repeats a tag
+    around every run; here each tag must appear exactly once.
     """
     owner: dict[int, int] = {}
+    anchors: dict[int, list[int]] = {}
     for child in parent.children:
         if isinstance(child, Element):
-            for s in target.linked_in(target.words_of(child)):
+            words = target.words_of(child)
+            for s in target.linked_in(words):
                 for t in target.links[s]:
                     if lo <= t < hi:
                         owner.setdefault(t, child.order)
+            anchors[child.order] = _neighbour_targets(target, words, lo, hi)
     intervals = {}
     for order in sorted(set(owner.values())):
         runs: list[list[int]] = [[]]
         for t in range(lo, hi):
             if owner.get(t) == order:
                 runs[-1].append(t)
-            elif t in owner and runs[-1]:
+            elif t in target.aligned and runs[-1]:
                 runs.append([])
-        best = max(runs, key=len)  # max keeps the first of equally long runs
+        near = anchors[order]
+        # max keeps the first of runs that tie on both counts
+        best = max((run for run in runs if run), key=lambda run: (len(run), -_distance(run, near)))
         intervals[order] = (best[0], best[-1] + 1)
     return intervals
+
+
+def _distance(run: list[int], anchors: list[int]) -> int:
+    """How many words separate the run's nearer end from the nearest anchor; 0 without anchors."""
+    return min((abs(t - a) for a in anchors for t in (run[0], run[-1])), default=0)
+
+
+def _neighbour_targets(target: _Target, words: range, lo: int, hi: int) -> list[int]:
+    """The target words in [lo, hi) aligned to the nearest linked source word before `words` and to
+    the nearest one after them (either may be missing)."""
+    before = bisect.bisect_left(target.linked, words.start)  # linked[:before] lie before the words
+    after = bisect.bisect_left(target.linked, words.stop)  # linked[after:] lie after them
+    sources = target.linked[before - 1 : before] if before else []
+    sources += target.linked[after : after + 1]
+    return [t for s in sources for t in target.links[s] if lo <= t < hi]
 
 
 def _point(target: _Target, node: Element | Marker, lo: int, hi: int, char_end: int) -> tuple[int, int]:
