@@ -11,7 +11,6 @@ appears only complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import IO, Any
 
 from tfm_cli.errors import TfmError
 from tfm_cli.textio.atomic_files import fsync_directory, temp_file_beside
-from tfm_cli.textio.paths import check_output_path
+from tfm_cli.textio.paths import check_output_path, file_sha256
 
 
 def file_stamp(path: str) -> list[Any]:
@@ -29,11 +28,7 @@ def file_stamp(path: str) -> list[Any]:
     checkout or a re-mounted data folder keeps the contents and changes the time, and an edit that
     keeps the size and the time must still be caught.
     """
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return [str(Path(path).resolve()), os.stat(path).st_size, digest.hexdigest()]
+    return [str(Path(path).resolve()), os.stat(path).st_size, file_sha256(path)]
 
 
 def job_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
