@@ -311,6 +311,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_disk_full": "system",
     "test_dropout": "unit",
     "test_ensemble": "integration",
+    "test_shortlist": "integration",
     "test_moving_average": "integration",
     "test_export": "system",
     "test_guided_alignment": "integration",

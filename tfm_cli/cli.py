@@ -25,6 +25,7 @@ from tfm_cli.commands import (
     inspect_attention,
     score,
     serve,
+    shortlist,
     tokenize,
     train,
     train_aligner,
@@ -178,6 +179,7 @@ app.command("inspect-attention", epilog=inspect_attention.EPILOG, cls=TfmCommand
 app.command("import", epilog=import_model.EPILOG, cls=TfmCommand)(import_model.import_model)
 app.command("export", epilog=export.EPILOG, cls=TfmCommand)(export.export)
 app.command("serve", epilog=serve.EPILOG, cls=TfmCommand)(serve.serve)
+app.command("shortlist", epilog=shortlist.EPILOG, cls=TfmCommand)(shortlist.shortlist)
 app.add_typer(cache.app, name="cache")
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tfm_cli.checkpoints.format import LoadedModel
     from tfm_cli.config import AlignmentConfig
     from tfm_cli.inference.ensemble import Ensemble
+    from tfm_cli.inference.shortlist import Shortlist
 
 
 def set_up_process(ctx: typer.Context, threads: int) -> None:
@@ -77,6 +78,19 @@ def load_models(paths: list[str], weights: str | None, placement: Placement, qui
         quiet=quiet,
     )
     return members[0], ensemble
+
+
+def load_shortlist(path: str, loaded: LoadedModel, model_path: str) -> Shortlist:
+    """The shortlist file at `path`, checked against the model of `loaded` (read from `model_path`): built
+    with its tokenizers, and a model whose output layer can be restricted. TfmError otherwise."""
+    from tfm_cli.inference.decoding import output_weights
+    from tfm_cli.inference.shortlist import check_shortlist_fits
+    from tfm_cli.inference.shortlist import load_shortlist as read_shortlist
+
+    shortlist = read_shortlist(path)
+    check_shortlist_fits(shortlist, path, loaded.src_tokenizer, loaded.tgt_tokenizer, model_path)
+    output_weights(loaded.model)  # raises for a model whose output layer keeps no float32 weight
+    return shortlist
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ def translate(
     constraints: bool = typer.Option(False, "--constraints", help="Each input line is the source, then TAB-separated target phrases every translation must contain (fairseq's format)."),
     glossary: Optional[str] = typer.Option(None, "--glossary", help="A TSV file of `source term<TAB>target term`: each source occurrence of a term requires its target term (whole words; lower-case terms match any case)."),
     markup: Optional[str] = typer.Option(None, "--markup", help="html or xml: take inline tags out, translate, and put them back around the aligned target words."),
+    shortlist: Optional[str] = typer.Option(None, "--shortlist", help="A lexical shortlist (`tfm shortlist` builds one from a parallel corpus): each line's output may use only the target tokens its source words were seen with, the most frequent ones and its constraints; faster at large vocabularies, translations may change. Scores are then over that list."),
     split_sentences: bool = typer.Option(False, "--split-sentences", help="Translate each line sentence by sentence (sentencex, the `sentences` extra) and rejoin them on one line."),
     source_lang: str = typer.Option("en", "--source-lang", help="With --split-sentences: the source language code the sentence splitter uses (a code it does not know gets English rules)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line (schema tfm-translate/1, see README)."),
@@ -115,6 +116,7 @@ def translate(
     decode = resolve_decode(flags, loaded.decode_defaults)
     align = model_runs.checked_alignment(loaded, align_flags) if want_alignment else None
     prefix = language_prefix(loaded, target_lang)
+    lexical_shortlist = model_runs.load_shortlist(shortlist, loaded, model[0]) if shortlist is not None else None
     if loaded.decode_defaults:
         report_decode_settings(flags, loaded.decode_defaults, decode, quiet)
     # Forked before any thread of tfm's starts (the line reader, the progress bar), with nothing left in
@@ -124,7 +126,7 @@ def translate(
     searched = ensemble if ensemble is not None else loaded.model
     with SearchWorkers(searched, decode, workers) if workers > 1 else contextlib.nullcontext() as pool:
         translator = Translator(loaded, decode, batching, align, source_prefix=prefix, text=text_options, workers=pool,
-                                ensemble=ensemble)
+                                ensemble=ensemble, shortlist=lexical_shortlist)
         output_format = OutputFormat(scores=scores, alignment=alignment, json=as_json, length_penalty=translator.length_penalty,
                                      nbest=decode.nbest)
         translate_lines(translator, input, output, output_format, show_progress=progress, quiet=quiet, resume_job=job)
@@ -143,7 +145,7 @@ def resume_job(params: dict) -> dict:
     if params["output"] == "-" or params["input"] == "-":
         raise TfmError("--resume continues a file from a file: give -i FILE and -o FILE")
     job = {key: value for key, value in params.items() if key not in NOT_IN_RESUME_JOB}
-    named = [*params["model"], params["input"], *([params["glossary"]] if params["glossary"] else [])]
+    named = [*params["model"], params["input"], *(params[key] for key in ("glossary", "shortlist") if params[key])]
     return {"options": job, "files": [file_stamp(path) for path in named]}
 
 

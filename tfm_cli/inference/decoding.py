@@ -19,7 +19,10 @@ from typing import Protocol
 import torch
 
 from tfm_cli.config import ModelConfig
+from tfm_cli.errors import TfmError
+from tfm_cli.inference.shortlist import ShortlistBatch
 from tfm_cli.model import DecoderState, Transformer
+from tfm_cli.model.kernels import Linear
 from tfm_cli.model.precision import linear_layers
 from tfm_cli.model.step_threads import StepMode, StepThreads, one_thread, step_mode
 
@@ -96,15 +99,68 @@ def padded_rows(rows: torch.Tensor, group_width: int = 1) -> torch.Tensor:
     return torch.cat([rows, rows[:group_width].repeat(copies)])
 
 
+class ShortlistOutput:
+    """The output layer of one batch restricted to its shortlist (inference/shortlist.py).
+
+    Computes logits for the batch's K target ids only, from the float32 output weights (a oneDNN-packed
+    copy of those K rows on the CPU, whatever precision the rest of the model runs in). Each row then gets
+    -inf for the ids outside its own sentence's list and is spread into the full vocabulary (-inf
+    elsewhere) before the log-softmax: the row's values sit at the same places whatever its batch
+    computed besides, so the result is batch-invariant as the full output layer is (a column's product
+    does not depend on which other columns share it: tests/test_shortlist.py).
+    """
+
+    def __init__(self, model: Transformer, batch: ShortlistBatch) -> None:
+        weight, bias = output_weights(model)
+        device = weight.device
+        self.target_ids = batch.target_ids.to(device)  # (K,)
+        self.allowed = batch.allowed.to(device)  # (N, K)
+        self.vocab_size = weight.size(0)
+        self.layer = Linear(weight.size(1), self.target_ids.numel(), bias=bias is not None).to(device)
+        with torch.no_grad():
+            self.layer.weight.copy_(weight[self.target_ids])
+            if bias is not None:
+                self.layer.bias.copy_(bias[self.target_ids])
+        self.layer.requires_grad_(False)
+        self.layer.pack()
+
+    def log_probs(self, logits: torch.Tensor, row_sentences: torch.Tensor) -> torch.Tensor:
+        """logits: (R, K) float32 from `layer` (changed in place), row_sentences: (R,) int64 -> (R, V) log-probs,
+        each row normalised over its own sentence's ids, -inf elsewhere."""
+        logits.masked_fill_(~self.allowed[row_sentences], float("-inf"))
+        full = logits.new_full((logits.size(0), self.vocab_size), float("-inf"))
+        full.index_copy_(1, self.target_ids, logits)
+        return torch.log_softmax(full, dim=-1, out=full)
+
+
+def output_weights(model: Transformer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output projection's float32 weight (V, D) and bias (V,) or None, for a shortlist's rows.
+
+    The weight is the target embedding's when the model ties them (tfm's recipes, OPUS-MT models), which
+    stays float32 in every precision; an untied projection keeps no float32 copy once converted.
+    """
+    config = model.config
+    if not (config.share_embeddings or config.tie_output):
+        raise TfmError(
+            "--shortlist needs a model whose output layer shares the target embedding (tfm's recipes and "
+            "OPUS-MT models do); this one has its own output weights"
+        )
+    bias = getattr(model.output_proj, "bias", None)
+    return model.tgt_embed.weight.detach(), None if bias is None else bias.detach().float()
+
+
 class TransformerDecoder:
     """A StepDecoder over the Transformer's incremental cache for one source batch.
 
     src: (N, S) int64 padded with pad_id, each row ending in EOS. The encoder runs once in `start`;
     with `batch_invariant` (the default) it pads every product to MIN_STEP_ROWS rows and uses the
-    explicit attention formula, so that a row's log-probs never depend on the other rows.
+    explicit attention formula, so that a row's log-probs never depend on the other rows. With a
+    `shortlist` (the batch's, inference/shortlist.py) the output layer computes only its target ids.
     """
 
-    def __init__(self, model: Transformer, src: torch.Tensor, batch_invariant: bool = True) -> None:
+    def __init__(
+        self, model: Transformer, src: torch.Tensor, batch_invariant: bool = True, shortlist: ShortlistBatch | None = None
+    ) -> None:
         config = model.config
         self.model, self.src, self.batch_invariant = model, src, batch_invariant
         self.n_sentences = src.size(0)
@@ -113,8 +169,12 @@ class TransformerDecoder:
         self.src_lengths = (src != config.pad_id).sum(1)  # (N,) counting the source EOS
         self.state: DecoderState | None = None
         self.rows = 0  # real rows; the state may hold more (padding copies)
+        self.row_sentences = torch.arange(self.n_sentences, device=src.device)  # (rows,) each real row's sentence
         self.step_threads = StepThreads.for_model(config, model.inference_dtype)
         self.linear_layers = linear_layers(model)
+        self.shortlist = None if shortlist is None else ShortlistOutput(model, shortlist)
+        if self.shortlist is not None:
+            self.linear_layers.append(self.shortlist.layer)
 
     def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
         """Per sentence, a * src_len + b output tokens (EOS excluded, src_len counting the source EOS).
@@ -144,9 +204,12 @@ class TransformerDecoder:
         tokens = tokens.to(self.src.device)
         if self.batch_invariant:
             tokens = padded_rows(tokens, self.state.group_width)
+        output_layer = None if self.shortlist is None else self.shortlist.layer
         with step_mode(self.step_threads.mode(tokens.numel()), self.linear_layers):
-            output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant)
-        logits = output.logits[: self.rows].float()  # (R, V), a fresh tensor no one else holds
+            output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant, output_layer=output_layer)
+        logits = output.logits[: self.rows].float()  # (R, V) or (R, K), a fresh tensor no one else holds
+        if self.shortlist is not None:
+            return self.shortlist.log_probs(logits, self.row_sentences)
         # In place: the largest tensor of a step (rows x vocabulary) is not allocated twice.
         return torch.log_softmax(logits, dim=-1, out=logits)
 
@@ -154,5 +217,6 @@ class TransformerDecoder:
         """Keep `rows` (R',) int64 of the state, in order; groups of `group_width` rows share a sentence."""
         self.rows = rows.numel()
         rows = rows.to(self.src.device)
+        self.row_sentences = self.row_sentences[rows]
         with one_thread(self.step_threads.mode(rows.numel()) is not StepMode.ALL_THREADS):
             self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)

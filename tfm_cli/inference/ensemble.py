@@ -22,6 +22,7 @@ from torch import nn
 from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.decoding import StepDecoder, TransformerDecoder
+from tfm_cli.inference.shortlist import ShortlistBatch
 from tfm_cli.model import Transformer
 
 if TYPE_CHECKING:
@@ -75,11 +76,12 @@ class EnsembleDecoder:
     """A StepDecoder over one TransformerDecoder per member of an Ensemble, for one source batch.
 
     start and select go to every member; step gives the weighted mean of their log-probs. Each member
-    is batch-invariant and the mean is elementwise, so the ensemble is batch-invariant too.
+    is batch-invariant and the mean is elementwise, so the ensemble is batch-invariant too. A shortlist
+    restricts every member to the same target ids.
     """
 
-    def __init__(self, ensemble: Ensemble, src: torch.Tensor) -> None:
-        self.members = [TransformerDecoder(model, src) for model in ensemble.members]
+    def __init__(self, ensemble: Ensemble, src: torch.Tensor, shortlist: ShortlistBatch | None = None) -> None:
+        self.members = [TransformerDecoder(model, src, shortlist=shortlist) for model in ensemble.members]
         self.weights = ensemble.weights
         first = self.members[0]
         self.n_sentences, self.vocab_size = first.n_sentences, first.vocab_size
@@ -104,11 +106,12 @@ class EnsembleDecoder:
             member.select(rows, group_width)
 
 
-def step_decoder(model: Transformer | Ensemble, src: torch.Tensor) -> StepDecoder:
-    """The StepDecoder that searches `model` (a Transformer or an Ensemble) for src: (N, S) int64."""
+def step_decoder(model: Transformer | Ensemble, src: torch.Tensor, shortlist: ShortlistBatch | None = None) -> StepDecoder:
+    """The StepDecoder that searches `model` (a Transformer or an Ensemble) for src: (N, S) int64, on the
+    batch's `shortlist` of target ids when one is given."""
     if isinstance(model, Ensemble):
-        return EnsembleDecoder(model, src)
-    return TransformerDecoder(model, src)
+        return EnsembleDecoder(model, src, shortlist)
+    return TransformerDecoder(model, src, shortlist=shortlist)
 
 
 def ensemble_weights(text: str | None, count: int, option: str = "--ensemble-weights") -> tuple[float, ...]:

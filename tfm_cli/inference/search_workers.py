@@ -31,6 +31,7 @@ from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.ensemble import Ensemble, step_decoder
 from tfm_cli.inference.search import Hypothesis, search_beams, search_samples
 from tfm_cli.inference.search_state import SearchState
+from tfm_cli.inference.shortlist import ShortlistBatch
 from tfm_cli.model import Transformer
 
 # How often an idle worker checks that the process that forked it still exists.
@@ -48,13 +49,14 @@ class SearchJob:
     sources: list[list[int]]
     seeds: list[int] | None = None
     state: SearchState | None = None
+    shortlist: ShortlistBatch | None = None  # the target ids the batch's output layer computes (shortlist.py)
 
 
 def search_batch(model: Transformer | Ensemble, job: SearchJob, decode: DecodeConfig) -> list[list[Hypothesis]]:
     """Search one batch on `model` (one model or an ensemble); returns per source its n-best hypotheses
     (sampled when decode.sample)."""
     device = next(model.parameters()).device
-    decoder = step_decoder(model, source_batch(job.sources, model.config, device))
+    decoder = step_decoder(model, source_batch(job.sources, model.config, device), job.shortlist)
     with torch.inference_mode():
         if decode.sample:
             return search_samples(decoder, decode, job.seeds)

@@ -34,6 +34,7 @@ from tfm_cli.inference.outputs import Output, TranslatedLine
 from tfm_cli.inference.search import Hypothesis
 from tfm_cli.inference.search_state import SearchState
 from tfm_cli.inference.search_workers import SearchJob, SearchWorkers, search_batch
+from tfm_cli.inference.shortlist import Shortlist, batch_shortlist
 from tfm_cli.inference.text_preparation import TextOptions, assemble_line, prepare_line
 from tfm_cli.length_penalty import LengthPenalty, decode_length_penalty
 from tfm_cli.model import Transformer
@@ -96,6 +97,8 @@ class Translator:
     forked processes of the same model and decode settings that search the batches instead of this one.
     `ensemble`: the models searched together instead of `loaded` alone (ensemble.py); `loaded` is its
     first member, whose tokenizers, alignments and length limits the whole ensemble shares.
+    `shortlist`: each line's output is restricted to its lexical shortlist (shortlist.py) and its
+    constraint tokens.
     """
 
     def __init__(
@@ -108,8 +111,10 @@ class Translator:
         text: TextOptions = TextOptions(),
         workers: SearchWorkers | None = None,
         ensemble: Ensemble | None = None,
+        shortlist: Shortlist | None = None,
     ) -> None:
         self.loaded = loaded
+        self.shortlist = shortlist
         self.workers = workers
         self.model = loaded.model  # aligns the outputs (with an ensemble, its first member)
         if ensemble is not None and ensemble.members[0] is not loaded.model:
@@ -202,6 +207,7 @@ class Translator:
         searched = search_batches(
             self.searched, sources, self.decode, self.batching, seeds={i: self.decode.seed + seed_indices[i] for i in sources},
             workers=self.workers, search_state=self.constraint_tracker(constraints) if self.constrained else None,
+            shortlist=self.shortlist, required_ids={i: [t for phrase in constraints[i] for t in phrase] for i in constraints},
         )
         for batch, hypotheses in searched:
             for i, hyps in zip(batch, hypotheses):
@@ -351,6 +357,8 @@ def search_batches(
     seeds: dict[int, int] | None = None,
     workers: SearchWorkers | None = None,
     search_state: Callable[[list[int]], SearchState | None] | None = None,
+    shortlist: Shortlist | None = None,
+    required_ids: dict[int, list[int]] | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
     """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches
     of `model` (one model or an ensemble).
@@ -360,13 +368,20 @@ def search_batches(
     they depend on the line, not on its batch or chunk. search_state: per batch (its line indices), the
     state its beam search keeps (search_state.SearchState, e.g. the constraints of those lines), or None.
     workers: search the batches in these processes instead of this one (the same hypotheses).
+    shortlist: restrict each line's output to its shortlist (plus EOS and its `required_ids`, e.g. the
+    ids of its constraints).
     """
     batches = list(bucketed_batches(sources, batching))
+    eos = model.config.eos_id
+    required_ids = required_ids or {}
     jobs = (
         SearchJob(
             sources=[sources[i] for i in batch],
             seeds=[seeds[i] if seeds else decode.seed + first_index + i for i in batch] if decode.sample else None,
             state=search_state(batch) if search_state is not None else None,
+            shortlist=None if shortlist is None else batch_shortlist(
+                shortlist, [sources[i] for i in batch], [[eos, *required_ids.get(i, ())] for i in batch]
+            ),
         )
         for batch in batches
     )

@@ -268,12 +268,16 @@ class Transformer(nn.Module):
             group_sentences=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
         )
 
-    def decode_step(self, tokens: torch.Tensor, state: DecoderState, explicit_attention: bool = False) -> StepOutput:
+    def decode_step(
+        self, tokens: torch.Tensor, state: DecoderState, explicit_attention: bool = False,
+        output_layer: nn.Module | None = None,
+    ) -> StepOutput:
         """Feed one token per hypothesis. tokens: (B,) int64, the previous output (BOS at step 0).
 
         Appends this step's self-attention keys/values to `state` and returns next-token logits
         (B, V). `explicit_attention` computes attention by its explicit formula instead of torch's
         fused kernel, so that a row's logits do not depend on the other rows (see attention.attend).
+        `output_layer` replaces the output projection (a shortlist's: (B, K) logits of K target ids).
         """
         x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)  # (B, 1, D)
         for layer, self_cache, cross_cache in zip(self.decoder_layers, state.self_caches, state.cross_caches):
@@ -288,7 +292,8 @@ class Transformer(nn.Module):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         state.position += 1
-        return StepOutput(logits=self.project(x[:, 0]))
+        hidden = x[:, 0]  # (B, D)
+        return StepOutput(logits=self.project(hidden) if output_layer is None else output_layer(hidden))
 
 
 def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
