@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import assert_one_line_error, run_cli
 from tfm_cli.checkpoints.format import load_model
+from tfm_cli.inference.shortlist import load_shortlist
 from tfm_cli.inference.translation import TranslationStats, Translator, json_record
 from tfm_cli.serving.engine import Engine, QueueFull, RequestSettings
 
@@ -109,3 +111,33 @@ def test_a_lone_client_is_not_kept_waiting_for_others(random_checkpoint, counted
     assert time.monotonic() - started < 5.0  # neither waited max_wait_s
     engine.stop()
     assert counted_chunks == [["the dog"], ["a cat"], ["my two dogs"]]
+
+
+def test_an_engine_with_a_shortlist_answers_as_translate_shortlist_does(random_checkpoint, synthetic, tmp_path, one_torch_thread):
+    shortlist_path = tmp_path / "shortlist.safetensors"
+    built = run_cli(["shortlist", "-q", "-m", random_checkpoint, "--src", synthetic["train.src"], "--tgt", synthetic["train.tgt"],
+                     "-o", shortlist_path, "--frequent", "3", "--per-source", "2"])
+    assert built.exit_code == 0, built.stderr
+    lines = ["the dog sees a cat", "my two big dogs", "a cat"]
+
+    def translated(*options: str) -> list[str]:
+        result = run_cli(["translate", "-q", "-m", random_checkpoint, *options], input="\n".join(lines) + "\n")
+        assert result.exit_code == 0, result.stderr
+        return result.stdout.splitlines()
+
+    engine = Engine(load_model(random_checkpoint), "en", lambda glossary_id: None, max_wait_s=0.0,
+                    shortlist=load_shortlist(shortlist_path))
+    future = engine.submit(RequestSettings(), lines)
+    engine.start()
+    answer = future.result(60)
+    engine.stop()
+    expected = translated("--shortlist", str(shortlist_path))
+    assert [line.outputs[0].text for line in answer.lines] == expected
+    assert expected != translated()  # 3 frequent + 2 per token: a real restriction
+
+
+def test_a_shortlist_for_a_pair_not_served_is_one_line(random_checkpoint, tmp_path):
+    result = run_cli(["serve", "-m", f"de-en={random_checkpoint}", "--shortlist", f"fr-en={tmp_path / 'x'}"])
+    assert_one_line_error(result, "no -m serves fr-en")
+    result = run_cli(["serve", "-m", f"de-en={random_checkpoint}", "--shortlist", str(tmp_path / "x")])
+    assert_one_line_error(result, "name the language pair")

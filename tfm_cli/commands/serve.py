@@ -37,6 +37,7 @@ def default_data_dir() -> Path:
 def serve(
     ctx: typer.Context,
     model: list[str] = typer.Option(..., "-m", "--model", help="A model as its language pair and checkpoint, e.g. de-en=model.safetensors; repeat for more pairs."),
+    shortlist: list[str] = typer.Option([], "--shortlist", help="A lexical shortlist for one served pair, e.g. de-en=de-en.shortlist.safetensors (`tfm shortlist`; as `translate --shortlist`); repeat for more pairs."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default; 0.0.0.0 listens on every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
     api_keys: Optional[str] = typer.Option(None, "--api-keys", help="A file of API keys, one per line: every request but /health must carry one (else 403)."),
@@ -77,6 +78,7 @@ def serve(
 
     specs = [parse_model_spec(value) for value in model]
     check_distinct_pairs(specs)
+    shortlists = shortlist_paths(shortlist, specs)
     for name, value in (("--max-texts", max_texts), ("--max-chars", max_chars), ("--max-lines", max_lines),
                         ("--max-body-kib", max_body_kib), ("--max-glossary-entries", max_glossary_entries),
                         ("--queue-size", queue_size), ("--max-tokens", max_tokens)):
@@ -91,7 +93,7 @@ def serve(
         specs, read_keys(api_keys) if api_keys is not None else None, limits,
         Path(data_dir) if data_dir is not None else default_data_dir(),
         dict(threads=threads, queue_size=queue_size, batch_wait_ms=batch_wait_ms, max_tokens=max_tokens),
-        device, dtype, threads, host, quiet,
+        device, dtype, threads, host, quiet, shortlists,
     )
     GlossaryStore(setup.data_folder).close()  # a folder where the database cannot be kept is said before anything loads
     sock = listening_socket(host, port)  # before the slow part: a busy port is said at once
@@ -111,6 +113,24 @@ def serve(
         sock.close()
 
 
+def shortlist_paths(values: list[str], specs: list) -> dict[str, str]:
+    """The --shortlist values (`de-en=FILE`) as {pair: file}; TfmError for a bad value or a pair no -m serves."""
+    from tfm_cli.serving.models import parse_model_spec
+
+    served = {spec.pair for spec in specs}
+    paths: dict[str, str] = {}
+    for value in values:
+        if "=" not in value:
+            raise TfmError(f"--shortlist {value}: name the language pair it is for, e.g. --shortlist de-en={value}")
+        spec = parse_model_spec(value)
+        if spec.pair not in served:
+            raise TfmError(f"--shortlist {value}: no -m serves {spec.pair} (served: {', '.join(sorted(served))})")
+        if spec.pair in paths:
+            raise TfmError(f"--shortlist: two shortlists for {spec.pair}; give one per pair")
+        paths[spec.pair] = spec.path
+    return paths
+
+
 @dataclass
 class ServeSetup:
     """What `tfm serve` was asked for, checked: the models, keys, limits, glossary folder and engine settings."""
@@ -125,6 +145,7 @@ class ServeSetup:
     threads: int
     host: str
     quiet: bool
+    shortlists: dict[str, str]  # language pair -> shortlist file
 
 
 def serve_in_this_process(ctx: typer.Context, uvicorn, setup: ServeSetup, sock, worker: int | None = None, ready=None) -> None:
@@ -138,7 +159,8 @@ def serve_in_this_process(ctx: typer.Context, uvicorn, setup: ServeSetup, sock, 
     store = GlossaryStore(setup.data_folder)  # each worker its own connection: one must not cross a fork
     try:
         service = load_service(setup.specs, store, setup.keys, setup.limits, placement, setup.engine_settings, quiet,
-                               log_prefix="" if worker is None else f"worker {worker + 1}: ", show_loading=not worker)
+                               log_prefix="" if worker is None else f"worker {worker + 1}: ", show_loading=not worker,
+                               shortlists=setup.shortlists)
         run_server(uvicorn, service, sock, setup, ready=ready, announce=worker is None)
     finally:
         store.close()
@@ -167,22 +189,27 @@ def listening_socket(host: str, port: int):
 
 
 def load_service(specs, store, keys, limits, placement, engine_settings: dict, quiet: bool, log_prefix: str = "",
-                 show_loading: bool = True):
+                 show_loading: bool = True, shortlists: dict[str, str] | None = None):
     """Load every model on `placement` and build its engine (not started); the Service the routes share.
 
     engine_settings: threads, queue_size, batch_wait_ms, max_tokens. log_prefix starts each request log line.
+    shortlists: language pair -> the shortlist file its engine translates with.
     """
+    shortlists = shortlists or {}
     from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
     from tfm_cli.serving.engine import Engine
 
     models = []
     for spec in specs:
         loaded = model_runs.load_placed_model(spec.path, placement)
+        shortlist_path = shortlists.get(spec.pair)
+        shortlist = model_runs.load_shortlist(shortlist_path, loaded, spec.path) if shortlist_path else None
         engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=engine_settings["queue_size"],
                         max_tokens=engine_settings["max_tokens"], max_wait_s=engine_settings["batch_wait_ms"] / 1000,
-                        threads=engine_settings["threads"])
+                        threads=engine_settings["threads"], shortlist=shortlist)
         models.append(ServedModel(spec, engine))
-        print_info(f"loaded {spec.pair}: {spec.path}", quiet=quiet or not show_loading)
+        with_shortlist = f" with the shortlist {shortlist_path}" if shortlist_path else ""
+        print_info(f"loaded {spec.pair}: {spec.path}{with_shortlist}", quiet=quiet or not show_loading)
     log = (lambda line: None) if quiet else (lambda line: print_info(log_prefix + line))
     return Service(models, store, keys, limits, log)
 

@@ -30,6 +30,7 @@ from tfm_cli.inference.outputs import TranslatedLine
 from tfm_cli.inference.sentence_splitting import SentenceSplitter
 from tfm_cli.inference.settings import resolve_decode
 from tfm_cli.inference.text_preparation import TextOptions
+from tfm_cli.inference.shortlist import Shortlist
 from tfm_cli.inference.translation import BatchingConfig, OutputFormat, Translator, TranslationStats
 
 # A subword piece of the languages tfm is used for averages ~4 characters: the batch budget is counted
@@ -76,14 +77,17 @@ class Engine:
     """The thread that owns one loaded model and translates the requests queued for it.
 
     glossary: id -> Glossary (None when there is none), asked when a Translator with that glossary is built.
+    shortlist: the lexical shortlist every translation of this model uses (`serve --shortlist`), if any.
     threads: torch CPU threads for this engine's thread (0 = torch's default).
     """
 
     def __init__(
         self, loaded: LoadedModel, source_lang: str, glossary: Callable[[str], Glossary | None],
         queue_size: int = 64, max_tokens: int = 8000, max_wait_s: float = 0.005, threads: int = 0,
+        shortlist: Shortlist | None = None,
     ) -> None:
         self.loaded = loaded
+        self.shortlist = shortlist
         self.source_lang = source_lang
         self.glossary = glossary
         self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -194,7 +198,7 @@ class Engine:
         # Alignments as `tfm translate` computes them: markup needs them, --json shows them.
         align = self.loaded.alignment if settings.alignment or settings.markup is not None else None
         text = TextOptions(constraint_fields=settings.constraint_fields, glossary=glossary, markup=settings.markup, splitter=splitter)
-        translator = Translator(self.loaded, decode, BatchingConfig(), align, text=text)
+        translator = Translator(self.loaded, decode, BatchingConfig(), align, text=text, shortlist=self.shortlist)
         self.translators[settings] = translator
         if len(self.translators) > TRANSLATORS_KEPT:
             self.translators.popitem(last=False)
