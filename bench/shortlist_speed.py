@@ -8,8 +8,9 @@ multiple of the full layer's in the same precision and beam, BLEU (sacrebleu, ca
 --translate-options go to every row (e.g. "--min-len 24 --max-len-a 0 --max-len-b 24" for equal work).
 With --ct2, CTranslate2 (a Python script as its users write it, on `tfm export --to ctranslate2` of the
 model in the same precision; max_batch_size 32, intra_threads --threads) joins each (dtype, beam) with
-its full vocabulary and with its own vocabulary map (use_vmap) made from the same shortlist: the same
-frequent tokens and per-source candidates, as vmap.txt lines `source piece<TAB>target pieces`.
+its full vocabulary, and with --ct2-vmap also with its own vocabulary map (use_vmap) made from the same
+shortlist: the same frequent tokens and per-source candidates, as vmap.txt lines `source piece<TAB>target
+pieces`.
 --ct2-length L fixes its output length as the options above fix tfm's (min = max decoding length L).
 
 Two ways to give the model:
@@ -152,7 +153,8 @@ def main() -> None:
     parser.add_argument("--beams", default="1,5")
     parser.add_argument("--dtypes", default="float32,int8")
     parser.add_argument("--translate-options", default="", help="more `tfm translate` options for every row")
-    parser.add_argument("--ct2", action="store_true", help="add CTranslate2 rows, full and with its vocabulary map")
+    parser.add_argument("--ct2", action="store_true", help="add CTranslate2 rows with its full vocabulary")
+    parser.add_argument("--ct2-vmap", action="store_true", help="and with its vocabulary map made from the shortlist")
     parser.add_argument("--ct2-length", type=int, default=0, help="CTranslate2's min = max decoding length (0: free)")
     args = parser.parse_args()
     if args.base_shape is not None:
@@ -176,7 +178,7 @@ def main() -> None:
                                  encoding="utf-8")
         rows: dict[str, tuple[list[str], Path]] = {}
         exported = export_ctranslate2(args.model, folder / "ct2") if args.ct2 else {}
-        for model_folder in exported.values():
+        for model_folder in exported.values() if args.ct2_vmap else ():
             write_vmap(args.shortlist, args.model, model_folder)
         for dtype in args.dtypes.split(","):
             for beam in args.beams.split(","):
@@ -187,7 +189,7 @@ def main() -> None:
                     if shortlisted:
                         options += ["--shortlist", str(args.shortlist)]
                     rows[name] = (tfm_command(args.model, source, output, args.threads, *options), output)
-                for vmap in (False, True) if args.ct2 else ():
+                for vmap in ((False, True) if args.ct2_vmap else (False,)) if args.ct2 else ():
                     name = f"CTranslate2 {dtype}, beam {beam}, {'use_vmap' if vmap else 'full'}"
                     output = folder / f"{len(rows)}.txt"
                     rows[name] = ([sys.executable, "-c", CTRANSLATE2, str(exported[dtype]), str(folder / "ct2" / "spm.model"),

@@ -19,8 +19,8 @@ EPILOG = (
     "your validation set). The defaults were chosen on Multi30k's validation set (bench/RESULTS.md)."
 )
 
-DEFAULT_FREQUENT = 100
-DEFAULT_PER_SOURCE = 50
+DEFAULT_FREQUENT = 200
+DEFAULT_PER_SOURCE = 20
 
 
 def shortlist(
