@@ -7,8 +7,12 @@ seconds, target tokens/s, the ratio after/before, and whether the outputs are id
 
 Usage: python bench/ab_commits.py --before REV [--after HEAD] --model CKPT [--source FILE]
        [--lines 1000] [--beams 1,5] [--runs 3] [--threads 2] [--batch-size 32] [--dtype float32]
+       [--whole-process ["MORE TRANSLATE OPTIONS"]]
 The worker decodes batches of --batch-size sentences sorted by length with tfm_cli.inference.search
 (greedy_search for beam 1, beam_search otherwise), default length limits, no length penalty.
+With --whole-process each run is instead a whole `python -m tfm_cli translate` process (start to exit,
+--beam, --dtype and the options given; the process set-up a user gets, its allocator settings
+included), and the table adds its peak RSS.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -75,6 +80,23 @@ def run_at(worktree: Path, args: argparse.Namespace, beam: int) -> dict:
     return result
 
 
+def run_process_at(worktree: Path, args: argparse.Namespace, beam: int, source: Path, output: Path) -> dict:
+    """One whole `tfm translate` process importing tfm_cli from `worktree`: {seconds, peak_mib, outputs}."""
+    env = dict(os.environ, PYTHONPATH=str(worktree))
+    command = [sys.executable, "-m", "tfm_cli", "translate", "-m", str(args.model), "-i", str(source), "-o", str(output),
+               "--threads", str(args.threads), "-q", "--beam", str(beam), "--dtype", args.dtype,
+               *shlex.split(args.whole_process)]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, cwd=tempfile.gettempdir(), stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:8])}... failed:\n{process.stderr.read().decode()[-2000:]}")
+    lines = output.read_text(encoding="utf-8").splitlines()
+    return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024, "tokens": len(lines), "outputs": lines}
+
+
 def main() -> None:
     """Check out both revisions, alternate timed runs, print a Markdown table."""
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
@@ -91,6 +113,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", default="float32", help="float32, bf16 or int8 (load_model's dtype)")
+    parser.add_argument("--whole-process", nargs="?", const="", default=None,
+                        help="time whole `tfm translate` processes, with these more options")
     args = parser.parse_args()
     args.model = args.model.resolve()
     args.source = args.source.resolve()
@@ -104,13 +128,23 @@ def main() -> None:
             print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; before {args.before}, after {args.after}; "
                   f"{args.lines} lines of {args.source.name}; {args.dtype}; batch {args.batch_size}; {args.threads} threads; "
                   f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; median of {args.runs}")
-            print("| beam | before s | after s | before tok/s | after tok/s | after / before speed | identical outputs |")
-            print("|---|---|---|---|---|---|---|")
+            whole = args.whole_process is not None
+            if whole:
+                source = Path(scratch) / "source.txt"
+                text = args.source.read_text(encoding="utf-8").splitlines()[: args.lines]
+                source.write_text("\n".join(text) + "\n", encoding="utf-8")
+                print(f"# whole processes: tfm translate --beam B --dtype {args.dtype} {args.whole_process}; tok/s = lines/s")
+            print("| beam | before s | after s | before tok/s | after tok/s | after / before speed | identical outputs |"
+                  + (" peak MiB before | after |" if whole else ""))
+            print("|---|---|---|---|---|---|---|" + ("---|---|" if whole else ""))
             for beam in (int(b) for b in args.beams.split(",")):
                 results: dict[str, list[dict]] = {"before": [], "after": []}
                 for repeat in range(args.runs):
                     for name in ("before", "after"):
-                        result = run_at(trees[name], args, beam)
+                        if whole:
+                            result = run_process_at(trees[name], args, beam, source, Path(scratch) / f"{name}.txt")
+                        else:
+                            result = run_at(trees[name], args, beam)
                         results[name].append(result)
                         print(f"  beam {beam} {name} run {repeat + 1}: {result['seconds']:.2f} s", file=sys.stderr)
                 median = {name: statistics.median(r["seconds"] for r in runs) for name, runs in results.items()}
@@ -118,7 +152,9 @@ def main() -> None:
                 same = results["before"][0]["outputs"] == results["after"][0]["outputs"]
                 print(f"| {beam} | {median['before']:.2f} | {median['after']:.2f} | "
                       f"{tokens['before'] / median['before']:.0f} | {tokens['after'] / median['after']:.0f} | "
-                      f"{median['before'] / median['after']:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+                      f"{median['before'] / median['after']:.2f}x | {'yes' if same else 'NO'} |"
+                      + (f" {max(r['peak_mib'] for r in results['before']):.0f} | "
+                         f"{max(r['peak_mib'] for r in results['after']):.0f} |" if whole else ""), flush=True)
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
