@@ -25,8 +25,11 @@ def interrupt(args: list, output: Path, at_least: int) -> None:
     """Run `tfm translate ARGS --resume` and stop it with SIGINT once `at_least` lines are recorded as done;
     checks that no output file appeared and the record is short of the whole."""
     record = output.with_name(output.name + ".partial.json")
+    # A shell starts background jobs (nohup ... &, a CI runner's) with SIGINT ignored, and Python then installs
+    # no Ctrl-C handler in the child: give it the default a terminal's foreground job has (test_bad_input.py).
     process = subprocess.Popen([sys.executable, "-m", "tfm_cli", "translate", *map(str, args), "--resume"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         try:
