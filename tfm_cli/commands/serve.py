@@ -195,9 +195,10 @@ def load_service(specs, store, keys, limits, placement, engine_settings: dict, q
     engine_settings: threads, queue_size, batch_wait_ms, max_tokens. log_prefix starts each request log line.
     shortlists: language pair -> the shortlist file its engine translates with.
     """
-    shortlists = shortlists or {}
     from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
     from tfm_cli.serving.engine import Engine
+
+    shortlists = shortlists or {}
 
     models = []
     for spec in specs:

@@ -97,8 +97,8 @@ class CooccurrenceCounts:
         """Count a chunk of sentence pairs (source ids, target ids)."""
         src_sets = [torch.unique(torch.tensor(src, dtype=torch.long)) for src, _ in pairs]
         tgt_sets = [torch.unique(torch.tensor(tgt, dtype=torch.long)) for _, tgt in pairs]
-        for _, tgt in pairs:
-            self.tgt_tokens += torch.bincount(torch.tensor(tgt, dtype=torch.long), minlength=self.tgt_vocab_size)
+        every_target = torch.tensor([token for _, tgt in pairs for token in tgt], dtype=torch.long)
+        self.tgt_tokens += torch.bincount(every_target, minlength=self.tgt_vocab_size)
         src_flat, tgt_flat = torch.cat(src_sets), torch.cat(tgt_sets)
         self.src_sentences += torch.bincount(src_flat, minlength=self.src_vocab_size)
         self.tgt_sentences += torch.bincount(tgt_flat, minlength=self.tgt_vocab_size)
@@ -216,7 +216,7 @@ def check_shortlist_fits(shortlist: Shortlist, path: str, src_tokenizer: object,
     """Raise TfmError unless `shortlist` (read from `path`) was built with these tokenizers (`model`'s)."""
     if (shortlist.src_tokenizer_sha256, shortlist.tgt_tokenizer_sha256) != (
         tokenizer_fingerprint(src_tokenizer), tokenizer_fingerprint(tgt_tokenizer)
-    ):
+    ) or (shortlist.src_vocab_size, shortlist.tgt_vocab_size) != (src_tokenizer.vocab_size, tgt_tokenizer.vocab_size):
         raise TfmError(
             f"{path} was built for other tokenizers than {model}'s; build one for this model: "
             f"tfm shortlist -m {model} --src CORPUS.src --tgt CORPUS.tgt -o shortlist.safetensors"
