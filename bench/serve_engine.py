@@ -2,7 +2,8 @@
 translates when requests of one sentence arrive together, beside `Translator.translate_chunk` on the
 same lines in one call (what `tfm translate` does with a file).
 
-In one process, the model loaded once (float32, CPU), for each --threads value:
+In one process, the model loaded once (float32, CPU) on one thread, then for each --threads value, all
+translating in one TorchThread with that many torch threads (as `tfm serve` runs, serving/torch_thread.py):
 - latency: --latency-requests one-sentence requests one after another (nothing else queued): p50/p90/p99;
 - throughput: the --lines sentences submitted at once as one-sentence requests (the queue large enough
   to take them all): lines/s, and the same lines through one translate_chunk call (the file's rate).
@@ -31,6 +32,7 @@ from tfm_cli.checkpoints.format import load_model  # noqa: E402
 from tfm_cli.inference.translation import BatchingConfig, Translator, TranslationStats  # noqa: E402
 from tfm_cli.inference.settings import resolve_decode  # noqa: E402
 from tfm_cli.serving.engine import Engine, RequestSettings  # noqa: E402
+from tfm_cli.serving.torch_thread import TorchThread  # noqa: E402
 
 
 def engine_latencies(engine: Engine, lines: list[str]) -> list[float]:
@@ -71,21 +73,23 @@ def main() -> int:
     keep_freed_memory()
     lines = [line.rstrip("\n") for line in open(args.source, encoding="utf-8")]
     started = datetime.datetime.now(datetime.timezone.utc)
+    torch.set_num_threads(1)  # the main thread starts no OpenMP team of its own (serving/torch_thread.py)
     loaded = load_model(args.model, device=torch.device("cpu"), dtype="float32")
     decode = resolve_decode({}, loaded.decode_defaults)
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        torch.set_num_threads(threads)
+        torch_thread = TorchThread(threads)
         translator = Translator(loaded, decode, BatchingConfig())
-        chunk_rate(translator, lines[: 50])  # warm-up
-        file_rate = chunk_rate(translator, lines[: args.lines])
+        torch_thread.run(chunk_rate, translator, lines[: 50])  # warm-up
+        file_rate = torch_thread.run(chunk_rate, translator, lines[: args.lines])
         engine = Engine(loaded, "xx", lambda _: None, queue_size=args.lines + 1, max_wait_s=args.batch_wait_ms / 1000,
-                        threads=threads)
+                        torch_thread=torch_thread)
         engine.start()
         engine_latencies(engine, lines[:10])  # warm-up
         seconds = engine_latencies(engine, lines[100 : 100 + args.latency_requests])
         rate = engine_rate(engine, lines[: args.lines])
         engine.stop()
+        torch_thread.stop()
         rows.append([threads, f"{percentile(seconds, 50) * 1000:.1f}", f"{percentile(seconds, 90) * 1000:.1f}",
                      f"{percentile(seconds, 99) * 1000:.1f}", f"{rate:.1f}", f"{file_rate:.1f}", f"{rate / file_rate:.2f}"])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/serve_engine.py {shlex.join(sys.argv[1:])}`")

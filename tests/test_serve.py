@@ -605,3 +605,60 @@ def test_the_listening_socket_turns_nagles_algorithm_off_for_every_connection():
         return seen[0]
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def thread_count(pid: int) -> int:
+    """The OS threads of process `pid` (Linux: one entry per thread under /proc/PID/task)."""
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+# With libgomp every thread that runs torch in parallel keeps its own team of OpenMP threads, and once
+# a process's teams outnumber the cores every parallel region waits for a sleeping thread to wake
+# (serving/torch_thread.py). These two tests count threads: they fail when a second team appears.
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads under /proc (Linux)")
+def test_every_model_translates_in_the_one_torch_thread(tmp_path, model, keys_file):
+    started = Server(tmp_path / "server", model, tmp_path / "data", keys_file, "--threads", "2")
+    try:
+        before = thread_count(started.process.pid)
+        for target_lang in ("DE", "EN-US"):
+            status, _ = call(started, "POST", "/v2/translate", {"text": [sources(1)[0]], "target_lang": target_lang})
+            assert status == 200
+            if target_lang == "DE":
+                after_first_model = thread_count(started.process.pid)
+        # The torch thread starts with the first translation, with one OpenMP thread beside it (2 threads);
+        # the second model translates in the same thread and its team: no thread more.
+        assert after_first_model == before + 2
+        assert thread_count(started.process.pid) == after_first_model
+    finally:
+        started.stop()
+    assert started.process.returncode == 0, started.stderr()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads under /proc (Linux)")
+def test_loading_in_the_main_thread_starts_no_openmp_team(model):
+    # What serve_in_this_process does before the models are used: keep_main_thread_single, then a load
+    # and a translation in the main thread (a fresh process: pytest's own has teams of its own).
+    script = f"""
+import os, click, torch
+from pathlib import Path
+from tfm_cli.commands.serve import keep_main_thread_single
+from tfm_cli.checkpoints.format import load_model
+from tfm_cli.inference.settings import resolve_decode
+from tfm_cli.inference.translation import BatchingConfig, TranslationStats, Translator
+torch.set_num_threads(2)
+count = lambda: len(os.listdir("/proc/self/task"))
+with click.Context(click.Command("serve")) as ctx:
+    before = count()
+    threads = keep_main_thread_single(ctx)
+    loaded = load_model(Path({str(model)!r}))
+    Translator(loaded, resolve_decode({{}}, loaded.decode_defaults), BatchingConfig()).translate_chunk(
+        ["the dog sees a cat"] * 20, 0, TranslationStats())
+    print(threads, before, count())
+print(torch.get_num_threads())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    given, before, after, restored = (int(value) for value in result.stdout.split())
+    assert given == 2  # what the torch thread gets
+    assert after == before  # the main thread ran torch without a team
+    assert restored == 2  # the command's end gives the caller its threads back

@@ -152,18 +152,37 @@ def serve_in_this_process(ctx: typer.Context, uvicorn, setup: ServeSetup, sock, 
     """Load the models and serve on `sock` until SIGTERM or Ctrl-C. worker: this process's number among
     `--workers` (None: the only server process, which says where it listens); ready() once it can answer."""
     from tfm_cli.serving.glossaries import GlossaryStore
+    from tfm_cli.serving.torch_thread import TorchThread
 
     quiet = setup.quiet
     model_runs.set_up_process(ctx, setup.threads)
+    torch_thread = TorchThread(keep_main_thread_single(ctx))
     placement = model_runs.resolve_placement(setup.device, setup.dtype, quiet or bool(worker))
     store = GlossaryStore(setup.data_folder)  # each worker its own connection: one must not cross a fork
     try:
         service = load_service(setup.specs, store, setup.keys, setup.limits, placement, setup.engine_settings, quiet,
                                log_prefix="" if worker is None else f"worker {worker + 1}: ", show_loading=not worker,
-                               shortlists=setup.shortlists)
+                               shortlists=setup.shortlists, torch_thread=torch_thread)
         run_server(uvicorn, service, sock, setup, ready=ready, announce=worker is None)
     finally:
+        torch_thread.stop()
         store.close()
+
+
+def keep_main_thread_single(ctx: typer.Context) -> int:
+    """Run torch on one thread in the calling (main) thread until `ctx` closes; returns the thread count
+    the translations get instead, in the process's TorchThread (the --threads value, else torch's default).
+
+    Loading the models on one thread starts no OpenMP team in the main thread, so the TorchThread's
+    is the process's only one (why that matters: serving/torch_thread.py).
+    """
+    import torch
+
+    engine_threads = torch.get_num_threads()
+    if engine_threads > 1:
+        torch.set_num_threads(1)
+        ctx.call_on_close(lambda: torch.set_num_threads(engine_threads))
+    return engine_threads
 
 
 def listening_socket(host: str, port: int):
@@ -189,11 +208,12 @@ def listening_socket(host: str, port: int):
 
 
 def load_service(specs, store, keys, limits, placement, engine_settings: dict, quiet: bool, log_prefix: str = "",
-                 show_loading: bool = True, shortlists: dict[str, str] | None = None):
+                 show_loading: bool = True, shortlists: dict[str, str] | None = None, torch_thread=None):
     """Load every model on `placement` and build its engine (not started); the Service the routes share.
 
     engine_settings: threads, queue_size, batch_wait_ms, max_tokens. log_prefix starts each request log line.
-    shortlists: language pair -> the shortlist file its engine translates with.
+    shortlists: language pair -> the shortlist file its engine translates with. torch_thread: the
+    serving.torch_thread.TorchThread every engine translates in (None: each engine in its own thread).
     """
     from tfm_cli.serving.app import ServedModel, Service, glossary_lookup
     from tfm_cli.serving.engine import Engine
@@ -207,7 +227,7 @@ def load_service(specs, store, keys, limits, placement, engine_settings: dict, q
         shortlist = model_runs.load_shortlist(shortlist_path, loaded, spec.path) if shortlist_path else None
         engine = Engine(loaded, spec.source, glossary_lookup(store), queue_size=engine_settings["queue_size"],
                         max_tokens=engine_settings["max_tokens"], max_wait_s=engine_settings["batch_wait_ms"] / 1000,
-                        threads=engine_settings["threads"], shortlist=shortlist)
+                        threads=engine_settings["threads"], shortlist=shortlist, torch_thread=torch_thread)
         models.append(ServedModel(spec, engine))
         with_shortlist = f" with the shortlist {shortlist_path}" if shortlist_path else ""
         print_info(f"loaded {spec.pair}: {spec.path}{with_shortlist}", quiet=quiet or not show_loading)

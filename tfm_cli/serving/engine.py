@@ -32,6 +32,7 @@ from tfm_cli.inference.settings import resolve_decode
 from tfm_cli.inference.text_preparation import TextOptions
 from tfm_cli.inference.shortlist import Shortlist
 from tfm_cli.inference.translation import BatchingConfig, OutputFormat, Translator, TranslationStats
+from tfm_cli.serving.torch_thread import TorchThread
 
 # A subword piece of the languages tfm is used for averages ~4 characters: the batch budget is counted
 # in characters / CHARS_PER_TOKEN, so that filling a batch needs no tokenizing in the request's path.
@@ -78,13 +79,14 @@ class Engine:
 
     glossary: id -> Glossary (None when there is none), asked when a Translator with that glossary is built.
     shortlist: the lexical shortlist every translation of this model uses (`serve --shortlist`), if any.
-    threads: torch CPU threads for this engine's thread (0 = torch's default).
+    torch_thread: the thread that translates for every engine of the process (serving/torch_thread.py);
+    None: this engine's own thread translates, on `threads` torch CPU threads (0 = torch's default).
     """
 
     def __init__(
         self, loaded: LoadedModel, source_lang: str, glossary: Callable[[str], Glossary | None],
         queue_size: int = 64, max_tokens: int = 8000, max_wait_s: float = 0.005, threads: int = 0,
-        shortlist: Shortlist | None = None,
+        shortlist: Shortlist | None = None, torch_thread: TorchThread | None = None,
     ) -> None:
         self.loaded = loaded
         self.shortlist = shortlist
@@ -94,6 +96,7 @@ class Engine:
         self.max_tokens = max_tokens
         self.max_wait_s = max_wait_s
         self.threads = threads
+        self.torch_thread = torch_thread
         self.decode_defaults = resolve_decode({}, loaded.decode_defaults)
         self.translators: OrderedDict[RequestSettings, Translator] = OrderedDict()
         self.splitter: SentenceSplitter | None = None
@@ -129,7 +132,7 @@ class Engine:
 
     def run(self) -> None:
         """The engine's loop: gather a batch of jobs, answer them, until STOP."""
-        if self.threads:
+        if self.threads and self.torch_thread is None:
             import torch
 
             torch.set_num_threads(self.threads)  # OpenMP's thread count is per calling thread
@@ -152,7 +155,10 @@ class Engine:
                 jobs.append(job)
                 tokens += job.tokens
             alone = len(jobs) == 1
-            self.answer(jobs)
+            if self.torch_thread is None:
+                self.answer(jobs)
+            else:
+                self.torch_thread.run(self.answer, jobs)
 
     def answer(self, jobs: list[Job]) -> None:
         """Translate the lines of `jobs`, one translate_chunk per distinct settings, and resolve their futures."""
