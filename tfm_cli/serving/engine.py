@@ -1,4 +1,5 @@
-"""One engine per served model: a thread that owns the model and answers queued requests in shared batches.
+"""One engine per served model: a thread that gathers the model's queued requests into shared batches,
+which the process's torch thread (serving/torch_thread.py) translates.
 
 Dynamic batching: the thread takes the oldest request, then every request that follows it within
 `max_wait_s` of the one before (a burst of requests, such as many clients sending their next one
