@@ -7,8 +7,8 @@ multiple of the full layer's in the same precision and beam, BLEU (sacrebleu, ca
   --beams 1,5 x --dtypes float32,int8, each without and with --shortlist.
 --translate-options go to every row (e.g. "--min-len 24 --max-len-a 0 --max-len-b 24" for equal work).
 With --ct2, CTranslate2 (a Python script as its users write it, on `tfm export --to ctranslate2` of the
-model in the same precision; max_batch_size 32, intra_threads --threads) joins each (dtype, beam) with
-its full vocabulary, and with --ct2-vmap also with its own vocabulary map (use_vmap) made from the same
+model in the same precision; max_batch_size 32) joins each (dtype, beam) with its full vocabulary, once per
+--ct2-settings entry (inter_threads x intra_threads; default 1x2 and 2x1, the two ways of using two cores), and with --ct2-vmap also with its own vocabulary map (use_vmap) made from the same
 shortlist: the same frequent tokens and per-source candidates, as vmap.txt lines `source piece<TAB>target
 pieces`.
 --ct2-length L fixes its output length as the options above fix tfm's (min = max decoding length L).
@@ -107,9 +107,9 @@ def build_base_shape(folder: Path, corpus_src: Path, corpus_tgt: Path) -> tuple[
 
 CTRANSLATE2 = """
 import sys, ctranslate2, sentencepiece
-folder, spm_model, source, output, beam, threads, length, use_vmap = sys.argv[1:9]
+folder, spm_model, source, output, beam, inter, threads, length, use_vmap = sys.argv[1:10]
 tokenizer = sentencepiece.SentencePieceProcessor(model_file=spm_model)
-translator = ctranslate2.Translator(folder, device="cpu", inter_threads=1, intra_threads=int(threads))
+translator = ctranslate2.Translator(folder, device="cpu", inter_threads=int(inter), intra_threads=int(threads))
 lines = open(source, encoding="utf-8").read().splitlines()
 limits = dict(min_decoding_length=int(length), max_decoding_length=int(length)) if int(length) else dict(max_decoding_length=256)
 results = translator.translate_batch(
@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--ct2", action="store_true", help="add CTranslate2 rows with its full vocabulary")
     parser.add_argument("--ct2-vmap", action="store_true", help="and with its vocabulary map made from the shortlist")
     parser.add_argument("--ct2-length", type=int, default=0, help="CTranslate2's min = max decoding length (0: free)")
+    parser.add_argument("--ct2-settings", default="1x2,2x1", help="CTranslate2's inter_threads x intra_threads, comma-separated")
     args = parser.parse_args()
     if args.base_shape is not None:
         if args.corpus_src is None or args.corpus_tgt is None:
@@ -189,12 +190,15 @@ def main() -> None:
                     if shortlisted:
                         options += ["--shortlist", str(args.shortlist)]
                     rows[name] = (tfm_command(args.model, source, output, args.threads, *options), output)
-                for vmap in ((False, True) if args.ct2_vmap else (False,)) if args.ct2 else ():
-                    name = f"CTranslate2 {dtype}, beam {beam}, {'use_vmap' if vmap else 'full'}"
-                    output = folder / f"{len(rows)}.txt"
-                    rows[name] = ([sys.executable, "-c", CTRANSLATE2, str(exported[dtype]), str(folder / "ct2" / "spm.model"),
-                                   str(source), str(output), beam, str(args.threads), str(args.ct2_length),
-                                   "1" if vmap else "0"], output)
+                for setting in args.ct2_settings.split(",") if args.ct2 else ():
+                    inter, intra = setting.split("x")
+                    for vmap in (False, True) if args.ct2_vmap else (False,):
+                        name = (f"CTranslate2 {dtype}, beam {beam}, inter {inter} intra {intra}, "
+                                f"{'use_vmap' if vmap else 'full'}")
+                        output = folder / f"{len(rows)}.txt"
+                        rows[name] = ([sys.executable, "-c", CTRANSLATE2, str(exported[dtype]),
+                                       str(folder / "ct2" / "spm.model"), str(source), str(output), beam, inter, intra,
+                                       str(args.ct2_length), "1" if vmap else "0"], output)
         times: dict[str, list[float]] = {name: [] for name in rows}
         for _ in range(args.runs):
             for name, (command, _) in rows.items():
@@ -215,6 +219,23 @@ def main() -> None:
         changed = sum(a != b for a, b in zip(outputs[name], outputs[full]))
         score = f"{scores[name]:.2f}" if scores[name] is not None else "-"
         print(f"| {name} | {seconds:.2f} | {len(lines) / seconds:.1f} | {speedup:.2f} | {score} | {changed} |")
+    if args.ct2:
+        print_against_best_ct2({name: statistics.median(seconds) for name, seconds in times.items()})
+
+
+def print_against_best_ct2(seconds: dict[str, float]) -> None:
+    """Print, per precision and beam, tfm's full layer and shortlist as multiples of CTranslate2's fastest row."""
+    print("\n| precision, beam | CTranslate2's fastest row | tfm full vs it | tfm --shortlist vs it |")
+    print("|---|---|---:|---:|")
+    for name, full_seconds in seconds.items():
+        if name.startswith("CTranslate2") or not name.endswith(", full"):
+            continue
+        setting = name.removesuffix(", full")
+        ct2 = {row: value for row, value in seconds.items() if row.startswith(f"CTranslate2 {setting}, ")}
+        fastest = min(ct2, key=ct2.get)
+        shortlisted = seconds[f"{setting}, --shortlist"]
+        print(f"| {setting} | {fastest.removeprefix('CTranslate2 ')} | {ct2[fastest] / full_seconds:.2f}x | "
+              f"{ct2[fastest] / shortlisted:.2f}x |")
 
 
 if __name__ == "__main__":
