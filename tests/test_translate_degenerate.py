@@ -153,3 +153,19 @@ def test_json_lines_stay_one_line_for_any_line_reader_when_the_source_holds_line
     lines = result.stdout.splitlines()
     assert len(lines) == len(sources)
     assert [json.loads(line)["source"] for line in lines] == sources
+
+
+def test_finite_weights_whose_sum_overflows_still_load(tmp_path, letters):
+    """The load's finiteness check sums each tensor first; a sum that overflows from finite values must
+    fall back to checking every value, not refuse the checkpoint."""
+    path = letter_checkpoint(tmp_path, letters, "identity")
+
+    def huge(weights: dict[str, torch.Tensor]) -> None:
+        weights["decoder_layers.0.ffn.linear2.bias"][:2] = 3e38  # finite; their float32 sum is inf
+
+    path = rewritten_checkpoint(path, tmp_path / "huge.safetensors", tensors=huge)
+    assert not torch.isfinite(torch.full((2,), 3e38).sum())
+    text = tmp_path / "text"
+    text.write_text("a b c\n", encoding="utf-8")
+    result = run_cli(["score", "-m", path, "--src", text, "--tgt", text])
+    assert "holds NaN or infinite values" not in result.stderr, result.stderr

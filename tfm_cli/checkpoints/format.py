@@ -323,10 +323,20 @@ def check_weights(
             )
         if not weights[name].is_floating_point():
             raise TfmError(f"{path}: tensor {name!r} has dtype {weights[name].dtype}, expected floating point")
-        if not bool(torch.isfinite(weights[name]).all()):
+        if not all_finite(weights[name]):
             raise TfmError(
                 f"{path}: tensor {name!r} holds NaN or infinite values (training diverged?); use an earlier checkpoint"
             )
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """True when no value of `tensor` is NaN or infinite.
+
+    A NaN or infinite value makes the sum NaN or infinite, so a finite sum settles it in one pass
+    without a boolean tensor as large as the weight (a fifth of the load time at the OPUS-MT base
+    shape otherwise); only a sum that overflows from finite values needs the element-wise check.
+    """
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def check_aligner_weights(
