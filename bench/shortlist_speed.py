@@ -8,9 +8,9 @@ multiple of the full layer's in the same precision and beam, BLEU (sacrebleu, ca
 --translate-options go to every row (e.g. "--min-len 24 --max-len-a 0 --max-len-b 24" for equal work).
 With --ct2, CTranslate2 (a Python script as its users write it, on `tfm export --to ctranslate2` of the
 model in the same precision; max_batch_size 32) joins each (dtype, beam) with its full vocabulary, once per
---ct2-settings entry (inter_threads x intra_threads; default 1x2 and 2x1, the two ways of using two cores), and with --ct2-vmap also with its own vocabulary map (use_vmap) made from the same
-shortlist: the same frequent tokens and per-source candidates, as vmap.txt lines `source piece<TAB>target
-pieces`.
+--ct2-settings entry (inter_threads x intra_threads; default 1x2 and 2x1, the two ways of using two
+cores), and with --ct2-vmap also with its own vocabulary map (use_vmap) made from the same shortlist:
+the same frequent tokens and per-source candidates, as vmap.txt lines `source piece<TAB>target pieces`.
 --ct2-length L fixes its output length as the options above fix tfm's (min = max decoding length L).
 
 Two ways to give the model:
