@@ -25,7 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LETTERS = "abcdefgh"
 MULTI30K_DIR = Path(os.environ.get("MULTI30K_DIR", REPO_ROOT.parent / "shared" / "data" / "multi30k"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist's workers (the README's `-n 2`) share the machine's cores: each gets its share of threads.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // XDIST_WORKERS)))
 
 
 @dataclass
