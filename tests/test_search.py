@@ -111,9 +111,10 @@ def test_beam_search_is_batch_invariant_bit_for_bit(trained):
     # The same sentence, alone or among others of its length (any batch size), gets identical
     # tokens AND identical float scores: the searches never let batch size change the arithmetic.
     # Bit-exactness rests on three kernel facts (decoding.py): MKL's sgemm rounds a row the same for
-    # any row count >= MIN_STEP_ROWS (16), the packed oneDNN output projection rounds a row the same
-    # for any row count (test_kernels.py), and the explicit attention formula has no batch-size
-    # dependent split. Checked on AVX2 and AVX-512 (VNNI/BF16) CPUs with torch 2.13.
+    # any row count >= MIN_STEP_ROWS (16), the packed oneDNN products round a row the same for any row
+    # count (test_kernels.py; this model's, so its steps run on their real rows, 4 alone), and the
+    # explicit attention formula has no batch-size dependent split. Checked on AVX2 and AVX-512
+    # (VNNI/BF16) CPUs with torch 2.13.
     loaded, sources = trained
     length = max({len(s) for s in sources}, key=lambda n: sum(len(s) == n for s in sources))
     rows = [s for s in sources if len(s) == length]
@@ -123,6 +124,25 @@ def test_beam_search_is_batch_invariant_bit_for_bit(trained):
     for row, hyps in zip(rows, together):
         alone = beam_search(loaded.model, torch.tensor([row]), config)[0]
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
+
+
+def test_steps_are_padded_to_min_step_rows_only_where_a_product_needs_it():
+    # Packed oneDNN float32 products round a row the same in a call of any size: a sentence alone with
+    # beam 4 steps on its 4 rows. Plain F.linear (MKL) does not: its state is padded to MIN_STEP_ROWS.
+    from tfm_cli.inference.decoding import MIN_STEP_ROWS, TransformerDecoder
+    from tfm_cli.model.kernels import pack_weights
+
+    torch.manual_seed(0)
+    plain, packed = Transformer(tiny_config()).eval(), Transformer(tiny_config()).eval()
+    pack_weights(packed)
+    src = torch.tensor([[5, 6, 7, 8, 3]])
+    with torch.inference_mode():
+        for model, rows in ((packed, 4), (plain, MIN_STEP_ROWS)):
+            decoder = TransformerDecoder(model, src)
+            decoder.start(4, grouped=True)
+            assert decoder.state.batch_size == rows
+            assert decoder.step(torch.full((4,), model.config.bos_id)).shape == (4, model.config.tgt_vocab_size)
+            assert decoder.state.batch_size == rows
 
 
 def test_top_k_and_top_p_filtering_by_hand():

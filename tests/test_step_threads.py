@@ -64,12 +64,20 @@ def test_on_threads_gives_the_count_back():
         torch.set_num_threads(previous)
 
 
+class ForcedMode(StepThreads):
+    """StepThreads whose every step runs in one mode, whatever its rows (1 to 48 in these tests)."""
+
+    def __init__(self, mode: StepMode) -> None:
+        super().__init__(threads_sleep=mode is not StepMode.ALL_THREADS, work_per_row=0.0)
+        object.__setattr__(self, "forced_mode", mode)
+
+    def mode(self, rows: int) -> StepMode:
+        return self.forced_mode
+
+
 def forced(mode: StepMode) -> StepThreads:
-    """A StepThreads that puts every step of a search (16 to 100 rows) in `mode`."""
-    if mode is StepMode.ALL_THREADS:
-        return StepThreads(threads_sleep=False, work_per_row=1.0)
-    work_per_row = 0.0 if mode is StepMode.ONE_THREAD else ONE_THREAD_WORK / 16
-    return StepThreads(threads_sleep=True, work_per_row=work_per_row)
+    """A StepThreads that puts every step of a search in `mode`."""
+    return ForcedMode(mode)
 
 
 @pytest.mark.parametrize(

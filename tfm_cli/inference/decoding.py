@@ -7,7 +7,9 @@ batch. That needs three things, all here:
 - sources padded to a width that depends on their own length only (`padded_length`), so softmax
   and sums over padded keys never see another sentence's length;
 - every matrix multiply with at least MIN_STEP_ROWS rows (`padded_rows`): CPU BLAS (MKL)
-  multiplies fewer than ~12 rows with a different kernel, which rounds differently;
+  multiplies fewer than ~12 rows with a different kernel, which rounds differently. Not needed
+  when every linear layer runs oneDNN's packed float32 product (`products_need_padding`), whose
+  rows round the same in a call of any size: then a step runs on its real rows only;
 - decoder attention by its explicit formula softmax(QK^T)V: torch's fused CPU kernel, for one
   query row per sequence, splits its work by batch size (measured with torch 2.13, AVX2 and AVX-512).
 """
@@ -86,17 +88,24 @@ def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: i
     return lengths.clamp(min=1, max=limit)
 
 
-def padded_rows(rows: torch.Tensor, group_width: int = 1) -> torch.Tensor:
-    """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= MIN_STEP_ROWS.
+def padded_rows(rows: torch.Tensor, group_width: int = 1, min_rows: int = MIN_STEP_ROWS) -> torch.Tensor:
+    """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= min_rows.
 
     Pads with copies of the first group (whole groups, so the state's grouping still holds);
     returns `rows` itself when it is long enough.
     """
-    missing = MIN_STEP_ROWS - rows.numel()
+    missing = min_rows - rows.numel()
     if missing <= 0:
         return rows
     copies = -(-missing // group_width)  # ceil: whole groups
     return torch.cat([rows, rows[:group_width].repeat(copies)])
+
+
+def products_need_padding(layers: list[torch.nn.Module]) -> bool:
+    """Whether batch invariance needs every product of a step padded to MIN_STEP_ROWS rows: True unless
+    each of `layers` rounds a row the same in a call of any size (`rows_independent`, kernels.Linear:
+    oneDNN's packed float32 product, tests/test_kernels.py). MKL's F.linear, bf16 and int8 layers pad."""
+    return not all(getattr(layer, "rows_independent", False) for layer in layers)
 
 
 class ShortlistOutput:
@@ -153,8 +162,9 @@ class TransformerDecoder:
     """A StepDecoder over the Transformer's incremental cache for one source batch.
 
     src: (N, S) int64 padded with pad_id, each row ending in EOS. The encoder runs once in `start`;
-    with `batch_invariant` (the default) it pads every product to MIN_STEP_ROWS rows and uses the
-    explicit attention formula, so that a row's log-probs never depend on the other rows. With a
+    with `batch_invariant` (the default) it uses the explicit attention formula and, where the
+    model's products need it (products_need_padding), pads every product to MIN_STEP_ROWS rows, so
+    that a row's log-probs never depend on the other rows. With a
     `shortlist` (the batch's, inference/shortlist.py) the output layer computes only its target ids.
     """
 
@@ -175,6 +185,8 @@ class TransformerDecoder:
         self.shortlist = None if shortlist is None else ShortlistOutput(model, shortlist)
         if self.shortlist is not None:
             self.linear_layers.append(self.shortlist.layer)
+        # The fewest rows a product runs on: the state holds copies of a sentence's rows up to it.
+        self.min_rows = MIN_STEP_ROWS if batch_invariant and products_need_padding(self.linear_layers) else 1
 
     def max_lengths(self, max_len_a: float, max_len_b: int) -> list[int]:
         """Per sentence, a * src_len + b output tokens (EOS excluded, src_len counting the source EOS).
@@ -188,12 +200,12 @@ class TransformerDecoder:
         """Encode the sources and make `rows_per_sentence` decoder rows per sentence.
 
         With `grouped`, a sentence's rows share one copy of its memory keys/values (DecoderState)
-        and must stay together in `select`. With batch invariance the encoder also runs on at least
-        MIN_STEP_ROWS token rows (copies of sentence 0 pad the batch).
+        and must stay together in `select`. The encoder, too, runs on at least `min_rows` token rows
+        (copies of sentence 0 pad the batch).
         """
         src = self.src
         n_sentences, src_len = src.shape
-        extra = max(0, -(-MIN_STEP_ROWS // src_len) - n_sentences) if self.batch_invariant else 0
+        extra = max(0, -(-self.min_rows // src_len) - n_sentences)
         padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
         self.state = self.model.start_decoding(self.model.encode(padded_src))
         rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
@@ -202,8 +214,7 @@ class TransformerDecoder:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (R,) int64 -> (R, V) float32 log-probs of each row's next token, on the model's device."""
         tokens = tokens.to(self.src.device)
-        if self.batch_invariant:
-            tokens = padded_rows(tokens, self.state.group_width)
+        tokens = padded_rows(tokens, self.state.group_width, self.min_rows)
         output_layer = None if self.shortlist is None else self.shortlist.layer
         with step_mode(self.step_threads.mode(tokens.numel()), self.linear_layers):
             output = self.model.decode_step(tokens, self.state, explicit_attention=self.batch_invariant, output_layer=output_layer)
@@ -219,4 +230,4 @@ class TransformerDecoder:
         rows = rows.to(self.src.device)
         self.row_sentences = self.row_sentences[rows]
         with one_thread(self.step_threads.mode(rows.numel()) is not StepMode.ALL_THREADS):
-            self.state.select(padded_rows(rows, group_width) if self.batch_invariant else rows, group_width)
+            self.state.select(padded_rows(rows, group_width, self.min_rows), group_width)

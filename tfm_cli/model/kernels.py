@@ -83,6 +83,12 @@ class Linear(nn.Linear):
         self.product_threads: int | None = None
         self.plain_weight_freed = False  # set by free_plain_weight: only the packed copy is left
 
+    @property
+    def rows_independent(self) -> bool:
+        """True when a row's result does not depend on how many rows share the call: with a packed copy
+        (tests/test_kernels.py). MKL's F.linear multiplies fewer than ~12 rows with another kernel."""
+        return self.packed_weight is not None
+
     def pack(self) -> None:
         """Make the packed copy of the current weight (only for CPU float32 weights with oneDNN)."""
         weight = self.weight.detach()
