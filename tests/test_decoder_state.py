@@ -35,18 +35,18 @@ def test_reorders_within_and_across_sentences_match_full_decoding():
             for row in range(len(prefixes)):
                 prefixes[row] = prefixes[row] + [int(chosen[row])]
             if step == 0:
-                cross_keys_before = state.cross_caches[0].keys
+                cross_keys_before = state.parts[0].cross_caches[0].keys
             state.select(order)
             if step == 1:
                 # Within-sentence reorders left the cross caches untouched (the point of the check).
-                assert state.cross_caches[0].keys is cross_keys_before
+                assert state.parts[0].cross_caches[0].keys is cross_keys_before
             prefixes = [prefixes[i] for i in order.tolist()]
             sentence_of_row = [sentence_of_row[i] for i in order.tolist()]
             tokens = chosen[order]
         logits = model.decode_step(tokens, state).logits  # (2, V) after the shrinking select
         rows_src = src[torch.tensor(sentence_of_row)]
         full = model.project(model.decode(torch.tensor(prefixes), model.encode(rows_src)).hidden[:, -1])
-    assert state.cross_caches[0].keys.size(0) == 2
+    assert state.parts[0].cross_caches[0].keys.size(0) == 2
     torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
 
 
@@ -60,7 +60,7 @@ def test_grouped_rows_share_one_cross_cache_per_sentence_and_match_full_decoding
     with torch.inference_mode():
         state = model.start_decoding(model.encode(src))
         state.select(torch.arange(3).repeat_interleave(beam), group_width=beam)  # rows 0-1, 2-3, 4-5
-        cross_keys = state.cross_caches[0].keys
+        cross_keys = state.parts[0].cross_caches[0].keys
         assert cross_keys.size(0) == 3  # not copied per row
         sentence_of_row = [0, 0, 1, 1, 2, 2]
         prefixes = [[model.config.bos_id] for _ in range(6)]
@@ -77,12 +77,12 @@ def test_grouped_rows_share_one_cross_cache_per_sentence_and_match_full_decoding
             prefixes = [prefixes[row] + [int(chosen[row])] for row in range(len(prefixes))]
             state.select(order, group_width=beam)
             if step < 2:
-                assert state.cross_caches[0].keys is cross_keys  # within-sentence moves copy nothing
+                assert state.parts[0].cross_caches[0].keys is cross_keys  # within-sentence moves copy nothing
             prefixes = [prefixes[i] for i in order.tolist()]
             sentence_of_row = [sentence_of_row[i] for i in order.tolist()]
             tokens = chosen[order]
         logits = model.decode_step(tokens, state).logits  # (4, V): sentence 2's two beams, twice
-        assert state.cross_caches[0].keys.size(0) == 2
+        assert state.parts[0].cross_caches[0].keys.size(0) == 2
         full = model.project(model.decode(torch.tensor(prefixes), model.encode(src[torch.tensor(sentence_of_row)])).hidden[:, -1])
     torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
 
@@ -123,3 +123,19 @@ def test_select_leaves_room_for_one_step_and_later_steps_still_grow_the_cache():
         logits = model.decode_step(tokens, state).logits
         full = model.project(model.decode(torch.tensor(prefixes), model.encode(src.repeat_interleave(2, 0))).hidden[:, -1])
     torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_state_of_several_source_widths_drops_and_keeps_its_parts_in_order():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    with torch.inference_mode():
+        encoded = [model.encode(torch.randint(4, 40, (2, 8))), model.encode(torch.randint(4, 40, (3, 16)))]
+        state = model.start_decoding(encoded)
+        assert [part.groups for part in state.parts] == [2, 3]
+        state.select(torch.tensor([1, 3, 4]))  # sentences 0 and 2 finished
+        assert [(part.groups, part.mask.size(-1)) for part in state.parts] == [(1, 8), (2, 16)]
+        state.select(torch.tensor([1, 2]))  # the last sentence of width 8 finished
+        assert [(part.groups, part.mask.size(-1)) for part in state.parts] == [(2, 16)]
+        unordered = model.start_decoding(encoded)
+        with pytest.raises(ValueError, match="in order"):
+            unordered.select(torch.tensor([3, 0]))

@@ -126,6 +126,48 @@ def test_beam_search_is_batch_invariant_bit_for_bit(trained):
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_sentence_among_sources_of_other_widths_gets_the_bits_it_gets_alone(trained, beam):
+    # A batch of several padded source widths encodes and attends each width apart (decoding.source_runs,
+    # transformer.SourcePart): every sentence gets the tokens and float scores it gets alone.
+    from tfm_cli.inference.decoding import TransformerDecoder, padded_length, source_batch
+    from tfm_cli.inference.search import search_beams
+
+    loaded, sources = trained
+    by_width: dict[int, list[list[int]]] = {}
+    for ids in sources:
+        by_width.setdefault(padded_length(len(ids)), []).append(ids[:-1])  # the fixture's rows end in EOS
+    assert len(by_width) >= 2
+    rows = sorted((ids for group in by_width.values() for ids in group[:3]), key=len)
+    config = DecodeConfig(beam_size=beam, nbest=min(beam, 2))
+    with torch.inference_mode():
+        decoder = TransformerDecoder(loaded.model, source_batch(rows, loaded.config))
+        assert len(decoder.source_runs()) == len(by_width)
+        together = search_beams(decoder, config)
+        for ids, hyps in zip(rows, together):
+            alone = search_beams(TransformerDecoder(loaded.model, source_batch([ids], loaded.config)), config)[0]
+            assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
+
+
+def test_several_source_widths_on_padded_products_give_each_sentence_its_own_result():
+    # The same with plain F.linear products, whose steps are padded to MIN_STEP_ROWS with copies of the
+    # last group (the groups of a state of several widths stay in order).
+    from tfm_cli.inference.decoding import TransformerDecoder, source_batch
+    from tfm_cli.inference.search import search_beams
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    rows = [[int(t) for t in torch.randint(4, 40, (length,))] for length in (3, 5, 9, 12, 20)]  # widths 8, 8, 16, 16, 24
+    config = DecodeConfig(beam_size=3, nbest=2, max_len_a=0.0, max_len_b=8)
+    with torch.inference_mode():
+        decoder = TransformerDecoder(model, source_batch(rows, model.config))
+        assert [run[2] for run in decoder.source_runs()] == [8, 16, 24]
+        together = search_beams(decoder, config)
+        for ids, hyps in zip(rows, together):
+            alone = search_beams(TransformerDecoder(model, source_batch([ids], model.config)), config)[0]
+            assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
+
+
 def test_steps_are_padded_to_min_step_rows_only_where_a_product_needs_it():
     # Packed oneDNN float32 products round a row the same in a call of any size: a sentence alone with
     # beam 4 steps on its 4 rows. Plain F.linear (MKL) does not: its state is padded to MIN_STEP_ROWS.

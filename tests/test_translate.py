@@ -240,3 +240,13 @@ def test_an_empty_line_gets_the_same_empty_columns_as_the_other_lines(model_path
     assert rows[1] == "\t" * 5
     plain = run_cli(["translate", "-m", model_path, "--beam", "2", "-q"], input="the dog sees my cat\n\n")
     assert plain.stdout.split("\n")[1] == ""  # one column: still an empty line
+
+
+def test_search_batches_mix_source_widths_in_length_order_within_the_limits():
+    from tfm_cli.inference.translation import BatchingConfig, length_sorted_batches
+
+    sources = {0: [5] * 20, 1: [5] * 3, 2: [5] * 9, 3: [5] * 4, 4: [5] * 30}  # padded widths 24, 8, 16, 8, 32
+    assert list(length_sorted_batches(sources, BatchingConfig())) == [[1, 3, 2, 0, 4]]
+    assert list(length_sorted_batches(sources, BatchingConfig(batch_size=2))) == [[1, 3], [2, 0], [4]]
+    # --max-tokens bounds sentences x the widest width: 3 x 16 fits 60, 4 x 24 and 2 x 32 do not.
+    assert list(length_sorted_batches(sources, BatchingConfig(max_tokens=60))) == [[1, 3, 2], [0], [4]]

@@ -71,8 +71,8 @@ def padded_length(n_tokens: int) -> int:
 def source_batch(sources: list[list[int]], config: ModelConfig, device: torch.device | str = "cpu") -> torch.Tensor:
     """Source id lists (EOS not included) -> (N, S) int64, each + EOS, padded to one bucketed width.
 
-    The width is padded_length of the longest source (capped at max_positions); batch invariance
-    needs every sentence of a batch to have the same padded width (translation.bucketed_batches).
+    The width is padded_length of the longest source (capped at max_positions); TransformerDecoder
+    encodes each run of sources of one padded width at its own width (`source_runs`).
     """
     width = min(padded_length(max(len(ids) for ids in sources) + 1), config.max_positions)
     rows = [ids + [config.eos_id] + [config.pad_id] * (width - len(ids) - 1) for ids in sources]
@@ -91,14 +91,15 @@ def max_output_lengths(src_lengths: torch.Tensor, max_len_a: float, max_len_b: i
 def padded_rows(rows: torch.Tensor, group_width: int = 1, min_rows: int = MIN_STEP_ROWS) -> torch.Tensor:
     """rows: (R,) int64 state rows to keep, in groups of `group_width` -> (R',), R' >= min_rows.
 
-    Pads with copies of the first group (whole groups, so the state's grouping still holds);
-    returns `rows` itself when it is long enough.
+    Pads with copies of the last group (whole groups, so the state's grouping still holds, and the
+    groups stay in order, as a state of several source widths needs); returns `rows` itself when it
+    is long enough.
     """
     missing = min_rows - rows.numel()
     if missing <= 0:
         return rows
     copies = -(-missing // group_width)  # ceil: whole groups
-    return torch.cat([rows, rows[:group_width].repeat(copies)])
+    return torch.cat([rows, rows[-group_width:].repeat(copies)])
 
 
 def products_need_padding(layers: list[torch.nn.Module]) -> bool:
@@ -200,16 +201,39 @@ class TransformerDecoder:
         """Encode the sources and make `rows_per_sentence` decoder rows per sentence.
 
         With `grouped`, a sentence's rows share one copy of its memory keys/values (DecoderState)
-        and must stay together in `select`. The encoder, too, runs on at least `min_rows` token rows
-        (copies of sentence 0 pad the batch).
+        and must stay together in `select`. With batch invariance each run of consecutive sources of
+        one padded width (`source_runs`) is encoded at that width, as it would be alone, and attends to
+        its own memory. The encoder, too, runs on at least `min_rows` token rows (copies of a run's
+        first sentence pad it; the state drops them at once).
         """
-        src = self.src
-        n_sentences, src_len = src.shape
-        extra = max(0, -(-self.min_rows // src_len) - n_sentences)
-        padded_src = torch.cat([src, src[:1].expand(extra, src_len)]) if extra else src
-        self.state = self.model.start_decoding(self.model.encode(padded_src))
-        rows = torch.arange(n_sentences, device=src.device).repeat_interleave(rows_per_sentence)
+        encoded, groups = [], []
+        for start, end, width in self.source_runs():
+            src = self.src[start:end, :width]
+            extra = max(0, -(-self.min_rows // width) - src.size(0))
+            padded_src = torch.cat([src, src[:1].expand(extra, width)]) if extra else src
+            encoded.append(self.model.encode(padded_src))
+            offset = sum(part.memory.size(0) for part in encoded[:-1])
+            groups.append(torch.arange(offset, offset + end - start, device=src.device))
+        self.state = self.model.start_decoding(encoded if len(encoded) > 1 else encoded[0])
+        rows = torch.cat(groups).repeat_interleave(rows_per_sentence)
         self.select(rows, rows_per_sentence if grouped else 1)
+
+    def source_runs(self) -> list[tuple[int, int, int]]:
+        """(first sentence, end, width) of each run of consecutive sources with one padded width.
+
+        A source's width is padded_length of its length (capped at the batch's width); without batch
+        invariance the whole batch is one run at the batch's width.
+        """
+        n_sentences, batch_width = self.src.shape
+        if not self.batch_invariant:
+            return [(0, n_sentences, batch_width)]
+        widths = [min(padded_length(int(length)), batch_width) for length in self.src_lengths.tolist()]
+        runs, start = [], 0
+        for index in range(1, n_sentences + 1):
+            if index == n_sentences or widths[index] != widths[start]:
+                runs.append((start, index, widths[start]))
+                start = index
+        return runs
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (R,) int64 -> (R, V) float32 log-probs of each row's next token, on the model's device."""

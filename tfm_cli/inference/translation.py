@@ -1,8 +1,8 @@
-"""Text in, translations out: streaming chunks, equal-length batches, input order restored, output formats.
+"""Text in, translations out: streaming chunks, length-sorted batches, input order restored, output formats.
 
 A library module: it never prints. `tfm translate` reads lines, hands them to `translate_stream`,
-and writes what `format_line` returns. Batches hold sources of one padded width
-(decoding.padded_length), which with decoding.TransformerDecoder makes every sentence's
+and writes what `format_line` returns. Batches hold sources of similar length; decoding.TransformerDecoder
+encodes and attends each padded width (decoding.padded_length) apart, which makes every sentence's
 translation independent of the batch it lands in. Validation during training decodes through
 `search_batches` too, so it measures exactly what `tfm translate` would output.
 """
@@ -336,7 +336,8 @@ class Translator:
 def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
     """Group line indices by padded source width, each group split by --batch-size/--max-tokens.
 
-    Yields lists of line indices, narrowest first; within a batch, shortest source first.
+    Yields lists of line indices, narrowest first; within a batch, shortest source first. For passes
+    that attend over a whole batch at its width (word_alignment's forced decoding).
     """
     by_width: dict[int, list[int]] = {}
     for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):
@@ -346,6 +347,26 @@ def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) ->
         per_batch = max(1, min(batching.batch_size, batching.max_tokens // width))
         for start in range(0, len(group), per_batch):
             yield group[start : start + per_batch]
+
+
+def length_sorted_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
+    """Line indices in batches of sources of similar length, by --batch-size and --max-tokens, for the searches.
+
+    Yields lists of line indices, shortest source first within a batch and from batch to batch. Unlike
+    bucketed_batches, a batch may hold several padded source widths (a round of one-sentence requests
+    is one batch, not one per width): decoding.TransformerDecoder encodes and attends each width
+    apart, so a sentence's translation does not depend on its batch. --max-tokens bounds a batch's
+    sentences times its widest padded width.
+    """
+    batch: list[int] = []
+    for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):
+        width = padded_length(len(ids) + 1)  # the widest so far: sources come shortest first
+        if batch and (len(batch) >= batching.batch_size or (len(batch) + 1) * width > batching.max_tokens):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
 def search_batches(
@@ -360,10 +381,10 @@ def search_batches(
     shortlist: Shortlist | None = None,
     required_ids: dict[int, list[int]] | None = None,
 ) -> Iterator[tuple[list[int], list[list[Hypothesis]]]]:
-    """Search every source (ids without EOS, keyed by line index) in bucketed, batch-invariant batches
+    """Search every source (ids without EOS, keyed by line index) in length-sorted, batch-invariant batches
     of `model` (one model or an ensemble).
 
-    Yields (line indices of a batch, n-best hypotheses per line), batch by batch in bucketed_batches'
+    Yields (line indices of a batch, n-best hypotheses per line), batch by batch in length_sorted_batches's
     order. Sampling draws line i's samples from seeds[i], by default decode.seed + first_index + i, so
     they depend on the line, not on its batch or chunk. search_state: per batch (its line indices), the
     state its beam search keeps (search_state.SearchState, e.g. the constraints of those lines), or None.
@@ -371,7 +392,7 @@ def search_batches(
     shortlist: restrict each line's output to its shortlist (plus EOS and its `required_ids`, e.g. the
     ids of its constraints).
     """
-    batches = list(bucketed_batches(sources, batching))
+    batches = list(length_sorted_batches(sources, batching))
     eos = model.config.eos_id
     required_ids = required_ids or {}
     jobs = (

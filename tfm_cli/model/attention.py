@@ -214,8 +214,8 @@ class CrossAttention(nn.Module):
         self,
         x: torch.Tensor,
         memory: torch.Tensor | None,
-        mask: torch.Tensor | None,
-        cache: KeyValueCache | None = None,
+        mask: torch.Tensor | list[torch.Tensor] | None,
+        cache: KeyValueCache | list[KeyValueCache] | None = None,
         need_weights: bool = False,
         explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -225,18 +225,46 @@ class CrossAttention(nn.Module):
         cache may hold G = B / w entries, one per group of w consecutive rows of x (the beams of one
         sentence share their source): `mask` is then (G, 1, 1, S) and each group's w rows are
         multiplied with their keys in one product, so the cache is neither copied per row nor read w times.
-        `explicit`: see `attend`.
+        A list of filled caches with a list of masks (decoding sources of several widths, one cache
+        per width: transformer.SourcePart) splits the rows of x in that order, each run attending to its
+        own cache; the projections still run on all rows at once. `explicit`: see `attend`.
         """
+        if isinstance(cache, list):
+            return self.forward_parts(x, mask, cache, explicit), None
         if cache is not None and cache.keys is not None:
             keys, values = cache.keys, cache.values
         else:
             keys, values = self.project_memory(memory)
             if cache is not None:
                 cache.keys, cache.values = keys, values
-        batch, length, d_model = x.shape
+        queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        attended, weights = self.attend_groups(queries, keys, values, mask, need_weights, explicit)
+        return self.out_proj(attended), weights
+
+    def forward_parts(
+        self, x: torch.Tensor, masks: list[torch.Tensor], caches: list[KeyValueCache], explicit: bool
+    ) -> torch.Tensor:
+        """x: (B, T, D) -> (B, T, D), each run of rows attending to its part's filled cache (see forward)."""
+        queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        group_width = x.size(0) // sum(cache.keys.size(0) for cache in caches)
+        outputs, start = [], 0
+        for mask, cache in zip(masks, caches):
+            rows = cache.keys.size(0) * group_width
+            attended, _ = self.attend_groups(queries[start : start + rows], cache.keys, cache.values, mask, False, explicit)
+            outputs.append(attended)
+            start += rows
+        return self.out_proj(torch.cat(outputs))
+
+    def attend_groups(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+        need_weights: bool, explicit: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """queries (B, H, T, Dh) of G groups of B / G rows, keys/values (G, H, S, Dh), mask (G, 1, 1, S)
+        -> (the heads merged (B, T, D), weights (B, H, T, S) or None)."""
+        batch, _, length, _ = queries.shape
+        d_model = self.n_heads * queries.size(-1)
         groups = keys.size(0)
         group_width = batch // groups
-        queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
         if group_width > 1:
             # (B, H, T, Dh) -> (G, w, H, T, Dh) -> (G, H, w, T, Dh) -> (G, H, w*T, Dh)
             queries = queries.view(groups, group_width, self.n_heads, length, -1).transpose(1, 2)
@@ -253,4 +281,4 @@ class CrossAttention(nn.Module):
                 weights = weights.reshape(batch, self.n_heads, length, -1)
         else:
             attended = merge_heads(output)
-        return self.out_proj(attended), weights
+        return attended, weights

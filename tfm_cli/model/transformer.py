@@ -43,17 +43,39 @@ class Decoded:
 
 
 @dataclass
+class SourcePart:
+    """The encoder memory of consecutive groups whose sources were encoded at one width S_p."""
+
+    mask: torch.Tensor  # (G_p, 1, 1, S_p) bool
+    cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (G_p, H, S_p, Dh), fixed
+
+    @property
+    def groups(self) -> int:
+        """G_p, the groups (sentences) of this part."""
+        return self.mask.size(0)
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep groups `indices` (G_p',) int64 of this part, in that order."""
+        self.mask = self.mask.index_select(0, indices)
+        for cache in self.cross_caches:
+            cache.select(indices)
+
+
+@dataclass
 class DecoderState:
     """Everything incremental decoding keeps between steps, for a batch of B hypotheses (rows).
 
     Rows come in G groups of `group_width` consecutive rows that decode the same source sentence
     (the beams of a sentence); the cross-attention caches and the memory mask hold one entry per
     group, not per row, so a beam search keeps one copy of each sentence's memory keys/values.
+    The groups are in `parts` (SourcePart), runs of consecutive groups whose sources were encoded at
+    one width: a batch of sources of several widths attends to each width's memory apart, so that a
+    sentence's attention has the rounding it has alone. With several parts, `select` keeps the groups
+    in order (a part's groups stay consecutive).
     """
 
-    memory_mask: torch.Tensor  # (G, 1, 1, S) bool
+    parts: list[SourcePart]
     self_caches: list[SelfAttentionCache]  # per decoder layer, keys/values (B, H, t, Dh) growing by 1 per step
-    cross_caches: list[KeyValueCache]  # per decoder layer, the memory's keys/values (G, H, S, Dh), fixed
     group_sentences: torch.Tensor  # (G,) int64: the encoded sentence of each group
     group_width: int = 1  # rows per group w; B = G * w
     position: int = 0  # number of target tokens decoded so far
@@ -84,11 +106,32 @@ class DecoderState:
         # A beam reorder keeps every group on its own sentence, so the cross-attention keys/values
         # (the largest cache) stay in place: copying them each step cost as much as the step's matmuls.
         if not torch.equal(group_sentences, self.group_sentences):
-            self.memory_mask = self.memory_mask.index_select(0, first_rows)
-            for cache in self.cross_caches:
-                cache.select(first_rows)
+            self.select_groups(first_rows)
         self.group_sentences = group_sentences
         self.group_width = group_width
+
+    def select_groups(self, first_rows: torch.Tensor) -> None:
+        """Keep groups `first_rows` (G',) int64 of every part; with several parts they must be in order."""
+        if len(self.parts) == 1:
+            self.parts[0].select(first_rows)
+            return
+        if bool((first_rows[1:] < first_rows[:-1]).any()):
+            raise ValueError("a batch of several source widths keeps its groups in order")
+        kept, start = [], 0
+        for part in self.parts:
+            end = start + part.groups
+            mine = first_rows[(first_rows >= start) & (first_rows < end)] - start
+            if mine.numel():
+                if not torch.equal(mine, torch.arange(part.groups, device=mine.device)):
+                    part.select(mine)
+                kept.append(part)
+            start = end
+        self.parts = kept
+
+    @property
+    def memory_masks(self) -> list[torch.Tensor]:
+        """Each part's memory mask (G_p, 1, 1, S_p), in order."""
+        return [part.mask for part in self.parts]
 
     @property
     def batch_size(self) -> int:
@@ -253,19 +296,26 @@ class Transformer(nn.Module):
         """src: (B, S), tgt_in: (B, T) int64 -> logits (B, T, V)."""
         return self.project(self.decode(tgt_in, self.encode(src)).hidden)
 
-    def start_decoding(self, encoded: Encoded) -> DecoderState:
-        """Prepare incremental decoding: computes every layer's cross-attention keys/values once."""
-        cross_caches = []
-        for layer in self.decoder_layers:
-            keys, values = layer.cross_attn.project_memory(encoded.memory)
-            # Contiguous, as every later `select` leaves them: the attention products then take the
-            # same kernel (the same rounding) whether or not the rows were ever selected.
-            cross_caches.append(KeyValueCache(keys.contiguous(), values.contiguous()))
+    def start_decoding(self, encoded: Encoded | list[Encoded]) -> DecoderState:
+        """Prepare incremental decoding: computes every layer's cross-attention keys/values once.
+
+        `encoded`: one batch of sources, or several encoded at their own widths (one SourcePart each,
+        their sentences numbered on from the previous part's).
+        """
+        parts = []
+        for one in encoded if isinstance(encoded, list) else [encoded]:
+            cross_caches = []
+            for layer in self.decoder_layers:
+                keys, values = layer.cross_attn.project_memory(one.memory)
+                # Contiguous, as every later `select` leaves them: the attention products then take the
+                # same kernel (the same rounding) whether or not the rows were ever selected.
+                cross_caches.append(KeyValueCache(keys.contiguous(), values.contiguous()))
+            parts.append(SourcePart(mask=one.src_mask[:, None, None, :], cross_caches=cross_caches))
+        sentences = sum(part.groups for part in parts)
         return DecoderState(
-            memory_mask=encoded.src_mask[:, None, None, :],
+            parts=parts,
             self_caches=[SelfAttentionCache() for _ in self.decoder_layers],
-            cross_caches=cross_caches,
-            group_sentences=torch.arange(encoded.memory.size(0), device=encoded.memory.device),
+            group_sentences=torch.arange(sentences, device=parts[0].mask.device),
         )
 
     def decode_step(
@@ -280,13 +330,15 @@ class Transformer(nn.Module):
         `output_layer` replaces the output projection (a shortlist's: (B, K) logits of K target ids).
         """
         x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)  # (B, 1, D)
-        for layer, self_cache, cross_cache in zip(self.decoder_layers, state.self_caches, state.cross_caches):
+        single = len(state.parts) == 1
+        for index, (layer, self_cache) in enumerate(zip(self.decoder_layers, state.self_caches)):
+            caches = [part.cross_caches[index] for part in state.parts]
             x, _, _ = layer(
                 x,
                 None,
-                state.memory_mask,
+                state.parts[0].mask if single else state.memory_masks,
                 self_cache=self_cache,
-                cross_cache=cross_cache,
+                cross_cache=caches[0] if single else caches,
                 explicit_attention=explicit_attention,
             )
         if self.decoder_norm is not None:
