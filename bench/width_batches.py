@@ -1,13 +1,17 @@
-"""What one batch across source widths would be worth to a round of a few dozen one-sentence requests.
+"""A round of a few dozen one-sentence requests searched three ways: what one batch across source widths is worth.
 
-Batch invariance (inference/decoding.py) puts only sources of one padded width in a batch, so a round
-of `tfm serve` that gathers 64 one-sentence requests is searched as one batch per width present (4-5 on
-Multi30k), one after another, each step reading every decoder weight again. This script takes
---rounds random draws of --sentences test sentences and searches each draw both ways, alternating, in
-one process: one batch per padded width (what tfm does) and one batch padded to the widest source (not
-batch invariant: every sentence's keys are padded to the widest, so its rounding may change; the upper
-bound of a batch that mixed widths and kept each width's attention apart). Prints seconds per draw, the
-ratio, and how many outputs the two ways share. Nothing here is a test.
+A `tfm serve` round of 64 one-sentence requests holds sources of 4-6 padded widths (Multi30k). This
+script takes --rounds random draws of --sentences test sentences and searches each draw three ways,
+rotating the order, in one process:
+- one batch per padded width, one after another (batch invariant; every step of every batch reads all
+  the decoder weights again);
+- one batch of every width, each width encoded and attended apart (what tfm does:
+  decoding.TransformerDecoder.source_runs; batch invariant);
+- one batch padded to the widest source (not batch invariant: every sentence's keys are padded to the
+  widest, so its rounding may change; the bound for the second way, which adds a few small operations
+  per width).
+Prints seconds per draw, the ratios, and how many best outputs the per-width way shares with each
+other way. Nothing here is a test.
 
     python bench/width_batches.py --model runs/multi30k-de-en/average.safetensors \\
         --source ../shared/data/multi30k/test_2016_flickr.de [--sentences 64] [--rounds 6] [--threads 2]
@@ -51,10 +55,14 @@ def per_width(model, config, draw: list[list[int]], decode: DecodeConfig) -> tup
     return time.perf_counter() - started, tokens
 
 
-def one_batch(model, config, draw: list[list[int]], decode: DecodeConfig) -> tuple[float, dict[int, list[int]]]:
-    """Search `draw` as one batch padded to its widest source; returns (seconds, best tokens per draw index)."""
+def one_batch(model, config, draw: list[list[int]], decode: DecodeConfig, widest: bool) -> tuple[float, dict[int, list[int]]]:
+    """Search `draw` as one batch, each width apart (tfm) or, with `widest`, every source encoded and
+    attended at the widest width; returns (seconds, best tokens per draw index)."""
     started = time.perf_counter()
-    found = search_beams(TransformerDecoder(model, source_batch(draw, config)), decode)
+    decoder = TransformerDecoder(model, source_batch(draw, config))
+    if widest:
+        decoder.source_runs = lambda: [(0, len(draw), decoder.src.size(1))]
+    found = search_beams(decoder, decode)
     return time.perf_counter() - started, {i: nbest[0].tokens for i, nbest in enumerate(found)}
 
 
@@ -75,28 +83,37 @@ def main() -> int:
     sources = [loaded.src_tokenizer.encode_ids(line) for line in lines]
     draws = random.Random(args.seed)
     rows, ratios = [], []
+    ways = {
+        "per width": lambda draw: per_width(loaded.model, loaded.config, draw, decode),
+        "one batch": lambda draw: one_batch(loaded.model, loaded.config, draw, decode, widest=False),
+        "widest": lambda draw: one_batch(loaded.model, loaded.config, draw, decode, widest=True),
+    }
     with torch.inference_mode():
-        one_batch(loaded.model, loaded.config, sources[:16], decode)  # warm-up
+        ways["one batch"](sources[:16])  # warm-up
         for round_number in range(1, args.rounds + 1):
-            draw = draws.sample(sources, args.sentences)
+            draw = sorted(draws.sample(sources, args.sentences), key=len)  # as tfm's batches are (length_sorted_batches)
             widths = collections.Counter(padded_length(len(ids) + 1) for ids in draw)
-            # Alternate which goes first, so that a drift in the machine's speed hits both alike.
-            if round_number % 2:
-                split_s, split_tokens = per_width(loaded.model, loaded.config, draw, decode)
-                whole_s, whole_tokens = one_batch(loaded.model, loaded.config, draw, decode)
-            else:
-                whole_s, whole_tokens = one_batch(loaded.model, loaded.config, draw, decode)
-                split_s, split_tokens = per_width(loaded.model, loaded.config, draw, decode)
-            same = sum(split_tokens[i] == whole_tokens[i] for i in range(len(draw)))
-            ratios.append(split_s / whole_s)
-            rows.append([round_number, " ".join(f"{w}:{n}" for w, n in sorted(widths.items())), f"{split_s:.2f}",
-                         f"{whole_s:.2f}", f"{split_s / whole_s:.2f}x", f"{same} of {len(draw)}"])
+            # Rotate which goes first, so that a drift in the machine's speed hits every way alike.
+            names = list(ways)
+            names = names[round_number % 3 :] + names[: round_number % 3]
+            results = {name: ways[name](draw) for name in names}
+            split_s, split_tokens = results["per width"]
+            one_s, one_tokens = results["one batch"]
+            widest_s, widest_tokens = results["widest"]
+            ratios.append(split_s / one_s)
+            rows.append([
+                round_number, " ".join(f"{w}:{n}" for w, n in sorted(widths.items())), f"{split_s:.2f}", f"{one_s:.2f}",
+                f"{widest_s:.2f}", f"{split_s / one_s:.2f}x", f"{split_s / widest_s:.2f}x",
+                f"{sum(split_tokens[i] == one_tokens[i] for i in range(len(draw)))} / "
+                f"{sum(split_tokens[i] == widest_tokens[i] for i in range(len(draw)))} of {len(draw)}",
+            ])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/width_batches.py {shlex.join(sys.argv[1:])}`")
     print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
     print(f"Decoding: the model's own (beam {decode.beam_size}), float32, {args.threads} threads\n")
-    print(table(["draw", "padded widths (width:sentences)", "one batch per width s", "one batch, widest width s",
-                 "per width / one batch", "same best output"], rows))
-    print(f"\nmedian ratio {statistics.median(ratios):.2f}x")
+    print(table(["draw", "padded widths (width:sentences)", "one batch per width s", "one batch, widths apart (tfm) s",
+                 "one batch at the widest s", "per width / tfm", "per width / widest", "best outputs as per width: tfm / widest"],
+                rows))
+    print(f"\nmedian per width / tfm: {statistics.median(ratios):.2f}x")
     return 0
 
 
