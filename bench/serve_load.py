@@ -409,7 +409,7 @@ def reference_rate(args: argparse.Namespace, lines: list[str], folder: Path) -> 
     source = folder / "reference.src"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     command = [*tfm_command(), "translate", "-m", args.model.split("=", 1)[1], "-i", str(source), "-o", str(folder / "reference.hyp"),
-               "--threads", str(args.threads)]
+               "--threads", str(args.reference_threads or args.threads)]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.reference_timeout, check=False)
     wall = time.perf_counter() - started
@@ -441,7 +441,7 @@ def run_sweep(args, target, sentences, server, folder, out, checks) -> None:
     failures = {f"{m.size}x{m.clients}": m.failures for m in measured if m.failures}
     if failures:
         out.append(f"\nFailures by kind: {json.dumps(failures)}")
-    out.append(f"\nReference: `tfm translate -i` on the same {len(sentences.lines)} lines, --threads {args.threads}, one process: "
+    out.append(f"\nReference: `tfm translate -i` on the same {len(sentences.lines)} lines, --threads {args.reference_threads or args.threads}, one process: "
                f"{rate:.1f} lines/s translating ({wall:.1f} s wall with start-up).\n")
     out.append(table(["server RSS", "MiB"], [[k, f"{v:.0f}"] for k, v in rss.items()]))
     checks.append(("no failed requests in the sweep", not failures))
@@ -566,6 +566,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-requests", type=int, default=200_000, help="Requests per measurement at most.")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--threads of tfm serve and of the reference tfm translate.")
     parser.add_argument("--serve-options", default="", help="More `tfm serve` options, e.g. '--queue-size 64 --batch-wait-ms 5'.")
+    parser.add_argument("--reference-threads", type=int, default=0,
+                        help="--threads of the reference tfm translate (default: --threads), e.g. 2 beside --threads 1 --serve-options '--workers 2'.")
     parser.add_argument("--no-sweep", action="store_true", help="Skip the levels x sizes sweep and its reference.")
     parser.add_argument("--overload", type=float, default=0.0, metavar="S", help="Run the overload check for S seconds.")
     parser.add_argument("--overload-factor", type=float, default=4.0, help="Offered rate / sustainable rate.")
