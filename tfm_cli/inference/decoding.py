@@ -206,14 +206,14 @@ class TransformerDecoder:
         its own memory. The encoder, too, runs on at least `min_rows` token rows (copies of a run's
         first sentence pad it; the state drops them at once).
         """
-        encoded, groups = [], []
+        encoded, groups, offset = [], [], 0  # offset: the state's first group of the run
         for start, end, width in self.source_runs():
             src = self.src[start:end, :width]
             extra = max(0, -(-self.min_rows // width) - src.size(0))
             padded_src = torch.cat([src, src[:1].expand(extra, width)]) if extra else src
             encoded.append(self.model.encode(padded_src))
-            offset = sum(part.memory.size(0) for part in encoded[:-1])
             groups.append(torch.arange(offset, offset + end - start, device=src.device))
+            offset += padded_src.size(0)
         self.state = self.model.start_decoding(encoded if len(encoded) > 1 else encoded[0])
         rows = torch.cat(groups).repeat_interleave(rows_per_sentence)
         self.select(rows, rows_per_sentence if grouped else 1)
