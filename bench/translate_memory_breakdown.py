@@ -21,8 +21,8 @@ at four times it), instead of `tfm translate`'s settings: less free space kept i
 page faults. The decoding time column (the batches only, one run each) is for comparing those rows
 with the default row of the same configuration; read it as a rough ratio, not a benchmark.
 
-Usage: python bench/translate_memory_breakdown.py --model CKPT [--batch-sizes 32,128] [--dtypes float32,int8]
-       [--mmap-thresholds 1024,4096]
+Usage: python bench/translate_memory_breakdown.py --model CKPT [--source FILE] [--batch-sizes 32,128]
+       [--dtypes float32,int8] [--mmap-thresholds 1024,4096] [--max-len-b 23]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def snapshot():
             "peak": kib("VmHWM") / 1024, "in_use": (info.uordblks + info.hblkhd) / 2**20,
             "free": info.fordblks / 2**20}
 
-model, source, batch_size, beam, dtype, threads, mmap_threshold_kib, bench_folder = sys.argv[1:]
+model, source, batch_size, beam, dtype, threads, mmap_threshold_kib, bench_folder, max_len_b = sys.argv[1:]
 import time
 import torch
 torch.set_num_threads(int(threads))
@@ -67,6 +67,7 @@ else:
     mallopt(allocator.M_TRIM_THRESHOLD, 4 * int(mmap_threshold_kib) * 1024)
 from tfm_cli.checkpoints.format import load_model
 from tfm_cli.config import DecodeConfig
+from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.search import beam_search
 from tfm_cli.model.transformer import Transformer
 sys.path.insert(0, bench_folder)
@@ -87,10 +88,11 @@ def measured_step(self, *args, **kwargs):
     return output
 
 Transformer.decode_step = measured_step
-settings = DecodeConfig(beam_size=int(beam), length_penalty=0.0)
+limits = {} if max_len_b == "-" else {"max_len_a": 0.0, "max_len_b": int(max_len_b)}
+settings = DecodeConfig(beam_size=int(beam), length_penalty=0.0, **limits)
 started = time.perf_counter()
 for batch in batches:
-    beam_search(loaded.model, batch, settings)
+    beam_search(loaded.model, source_batch(batch, loaded.config), settings)
 moments["highest step"] = highest
 moments["after the last batch"] = snapshot()
 moments["after the last batch"]["seconds"] = time.perf_counter() - started
@@ -99,7 +101,8 @@ print(json.dumps(moments))
 
 
 def run_child(
-    model: Path, source: Path, batch_size: str, beam: str, dtype: str, capacity: str | None, mmap_threshold_kib: str = "-"
+    model: Path, source: Path, batch_size: str, beam: str, dtype: str, capacity: str | None, mmap_threshold_kib: str = "-",
+    max_len_b: int | None = None,
 ) -> dict:
     """One child process; returns {moment: {rss, anon, file, peak, in_use, free}} in MiB (and decoding seconds)."""
     env = dict(os.environ)
@@ -107,7 +110,7 @@ def run_child(
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(model), str(source), batch_size, beam, dtype, "2", mmap_threshold_kib,
-         str(Path(__file__).resolve().parent)],
+         str(Path(__file__).resolve().parent), "-" if max_len_b is None else str(max_len_b)],
         capture_output=True, text=True, env=env,
     )
     if result.returncode != 0:
@@ -124,6 +127,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,int8")
     parser.add_argument("--beam", default="5")
     parser.add_argument("--mmap-thresholds", default="", help="KiB values, e.g. 1024,4096 (default: none)")
+    parser.add_argument("--max-len-b", type=int, help="every output at most this many tokens + EOS (a random model's "
+                        "outputs run to the limit; default: the model's own limits)")
     args = parser.parse_args()
     print(f"Model {args.model}, source {args.source}, beam {args.beam}, 2 threads; MiB.\n")
     print("| batch | precision | malloc | primitive cache | moment | RSS | anonymous | file-backed | malloc live |"
@@ -136,7 +141,7 @@ def main() -> None:
             runs += [(f"mmap >= {value} KiB", "default", None, value) for value in thresholds]
             after = {}
             for malloc, label, capacity, threshold in runs:
-                moments = run_child(args.model, args.source, batch_size, args.beam, dtype, capacity, threshold)
+                moments = run_child(args.model, args.source, batch_size, args.beam, dtype, capacity, threshold, args.max_len_b)
                 after[(malloc, label)] = moments["after the last batch"]
                 for moment, m in moments.items():
                     seconds = f"{m['seconds']:.1f}" if "seconds" in m else ""

@@ -18,6 +18,7 @@ from tfm_cli.checkpoints.format import (
     Checkpoint,
     encode_checkpoint,
     load_model,
+    loaded_model,
     model_weights,
     read_checkpoint,
     save_model,
@@ -60,6 +61,41 @@ def test_round_trip_is_bit_exact_and_self_contained(saved, tokenizer):
     tgt = torch.tensor([[2, 8, 9]])
     with packed_weights(model.eval()), torch.no_grad():  # a loaded model runs on packed weights
         assert torch.equal(loaded.model(src, tgt), model(src, tgt))
+
+
+def test_weights_read_are_memory_of_their_own_not_the_files_pages(saved):
+    """A model takes read_checkpoint's tensors without a copy (load_model), so they must not be a mapping of
+    the file: bytes of the file changed in place afterwards (a tool that rewrites it without a rename)
+    must not change them, and they must be writable."""
+    path, model = saved
+    checkpoint = read_checkpoint(path)
+    name = "src_embed.weight"
+    before = checkpoint.weights[name].clone()
+    header_size = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    start, end = json.loads(path.read_bytes()[8 : 8 + header_size])[name]["data_offsets"]
+    with open(path, "r+b") as f:  # in place: the same inode, as a mapping would see it
+        f.seek(8 + header_size + start)
+        f.write(bytes(end - start))
+    assert torch.equal(checkpoint.weights[name], before)
+    checkpoint.weights[name].add_(1.0)  # writable: a mapping of the file would be read-only
+
+
+def test_load_model_takes_the_weights_it_reads_and_loaded_model_copies_them(saved):
+    path, model = saved
+    checkpoint = read_checkpoint(path)
+    given = {name: tensor.data_ptr() for name, tensor in checkpoint.weights.items()}
+    taken = loaded_model(path, checkpoint, take_weights=True).model
+    assert checkpoint.weights == {}
+    assert taken.src_embed.weight.data_ptr() == given["src_embed.weight"]  # the tensor read, not a copy
+    checkpoint = read_checkpoint(path)
+    given = {name: tensor.data_ptr() for name, tensor in checkpoint.weights.items()}
+    copied = loaded_model(path, checkpoint).model
+    assert checkpoint.weights.keys() == given.keys()  # the command that rewrites the file still has them
+    assert copied.src_embed.weight.data_ptr() != given["src_embed.weight"]
+    src, tgt = torch.tensor([[5, 6, 7, 3]]), torch.tensor([[2, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(taken(src, tgt), copied(src, tgt))
+        assert torch.equal(taken(src, tgt), load_model(path).model(src, tgt))
 
 
 def test_key_list_is_the_format(saved):

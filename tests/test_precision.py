@@ -15,6 +15,8 @@ from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.training.step import resolve_precision
 from tfm_cli.model.precision import (
+    WEIGHT_BLOCK_ROWS,
+    quantize_weight_rows,
     WEIGHT_MAX_WITHOUT_VNNI,
     BFloat16Linear,
     CpuSupport,
@@ -195,6 +197,17 @@ def test_int8_row_buckets_are_few_and_waste_little():
 def test_quantize_rows_keeps_zero_rows_finite():
     values, scales = quantize_rows(torch.tensor([[0.0, 0.0], [1.0, -0.5]]))
     assert values.tolist() == [[0, 0], [127, -64]] and bool(torch.isfinite(scales).all())
+
+
+@pytest.mark.parametrize("largest", [127, 63])
+def test_a_weight_quantised_in_blocks_equals_it_quantised_at_once(largest):
+    torch.manual_seed(0)
+    weight = torch.randn(2 * WEIGHT_BLOCK_ROWS + 5, 16) * torch.rand(2 * WEIGHT_BLOCK_ROWS + 5, 1)  # rows of any size
+    weight[3] = 0.0
+    values, scales = quantize_weight_rows(weight, largest)
+    expected_values, expected_scales = quantize_rows(weight, largest)
+    assert values.dtype == torch.int8 and torch.equal(values, expected_values)
+    assert torch.equal(scales, expected_scales)
 
 
 @pytest.mark.parametrize("layer_class", [BFloat16Linear, *INT8_LAYERS])

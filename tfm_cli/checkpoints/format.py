@@ -256,7 +256,9 @@ def read_regular_checkpoint(path: Path) -> Checkpoint:
     decode_defaults = read_decode_defaults(path, header, config)
     alignment = read_alignment(path, header, config)
     try:
-        tensors = load_file(str(path))
+        # Read, not mapped: each tensor is memory of its own, so a model can take it without a copy
+        # (load_model), and the file's pages are not held while the model is built.
+        tensors = load_file(str(path), backend="pread")
     except (SafetensorError, OSError, ValueError) as error:
         raise TfmError(f"{path}: unreadable safetensors data ({error})") from None
     files = embedded_files(path, tensors)
@@ -368,29 +370,41 @@ def model_with_weights(checkpoint: Checkpoint) -> Transformer:
     return Transformer.with_weights(checkpoint.config, checkpoint.weights)
 
 
-def build_model(checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32") -> Transformer:
+def build_model(
+    checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32", take_weights: bool = False
+) -> Transformer:
     """A Transformer with the checkpoint's weights, in eval mode, on `device`, for inference.
 
     Its linear layers run in `dtype` ("float32", "bf16" or "int8", see model/precision.py), converted
     or packed once, and on the CPU keep no plain copy of what was packed: the model must not be trained.
+    With `take_weights` the model takes the checkpoint's tensors instead of copying them and
+    `checkpoint.weights` is left empty: the peak memory of the load is then about the built model's.
     """
-    model = model_with_weights(checkpoint).to(device).eval()
+    model = Transformer.with_weights(checkpoint.config, checkpoint.weights, take=take_weights).to(device).eval()
     convert_linear_layers(model, dtype)
     return model
 
 
 def load_model(path: Path | str, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedModel:
-    """Read, validate and build (linear layers in `dtype`): the one call translate, score and inspect-attention need."""
-    return loaded_model(path, read_checkpoint(path), device, dtype)
+    """Read, validate and build (linear layers in `dtype`): the one call translate, score and inspect-attention need.
+
+    The model takes the weights read from the file (no second copy in memory).
+    """
+    return loaded_model(path, read_checkpoint(path), device, dtype, take_weights=True)
 
 
 def loaded_model(
-    path: Path | str, checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32"
+    path: Path | str, checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: str = "float32",
+    take_weights: bool = False,
 ) -> LoadedModel:
-    """load_model of a checkpoint already read from `path` (a command that also rewrites it reads it once)."""
+    """load_model of a checkpoint already read from `path` (a command that also rewrites it reads it once).
+
+    take_weights: the model takes `checkpoint.weights`, leaving it empty (build_model).
+    """
     src_tokenizer, tgt_tokenizer = checkpoint_tokenizers(path, checkpoint)
     return LoadedModel(
-        build_model(checkpoint, device, dtype), src_tokenizer, tgt_tokenizer, checkpoint.provenance, checkpoint.decode_defaults,
+        build_model(checkpoint, device, dtype, take_weights), src_tokenizer, tgt_tokenizer, checkpoint.provenance,
+        checkpoint.decode_defaults,
         config_from_dict(AlignmentConfig, checkpoint.alignment, "alignment"), build_aligner(checkpoint, device),
     )
 

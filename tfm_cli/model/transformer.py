@@ -201,9 +201,14 @@ class Transformer(nn.Module):
             embedding.weight.register_hook(functools.partial(zero_gradient_row, row=self.config.pad_id))
 
     @classmethod
-    def with_weights(cls, config: ModelConfig, weights: dict[str, torch.Tensor]) -> Transformer:
+    def with_weights(cls, config: ModelConfig, weights: dict[str, torch.Tensor], take: bool = False) -> Transformer:
         """A Transformer of `config` on the CPU holding copies of `weights` (every parameter by name, any
         float dtype) in float32, in train mode.
+
+        With `take` the caller gives the tensors up: each is removed from `weights` and becomes the
+        parameter itself when it is float32 already (converted otherwise), so building holds one copy of
+        the weights, and a weight a later conversion replaces (kernels.pack_weights) is freed at once. The
+        tensors must then be memory of their own (read_checkpoint's are), never a view of a mapped file.
 
         Built on the meta device and then given the weights as its parameters, so no parameter is first
         filled with random values only to be overwritten: for a large vocabulary that took longer than
@@ -215,7 +220,7 @@ class Transformer(nn.Module):
             model = cls(config)
         for name, param in list(model.named_parameters()):
             owner, _, attribute = name.rpartition(".")
-            value = weights[name].to(torch.float32, copy=True)  # a copy: never the file's own memory
+            value = weights.pop(name).to(torch.float32) if take else weights[name].to(torch.float32, copy=True)
             setattr(model.get_submodule(owner), attribute, nn.Parameter(value, requires_grad=param.requires_grad))
         model.tie_parameters()
         return model
