@@ -1,8 +1,8 @@
 """Small batches with and without the steps padded to MIN_STEP_ROWS: one process, the two alternating.
 
 `inference/decoding.py` pads every decoding step to MIN_STEP_ROWS (16) rows where a product needs it
-for batch invariance (MKL's F.linear, bf16, int8), and runs a step on its real rows when every product
-is oneDNN's packed float32 (`products_need_padding`). This script measures what that is worth where it
+for batch invariance (MKL's F.linear, bf16), and runs a step on its real rows when every product gives
+a row the same bits in a call of any size (oneDNN's packed float32, the int8 layers: `products_need_padding`). This script measures what that is worth where it
 matters, translations of one sentence (a served request at one client; beam 8 is 8 rows, greedy 1):
 the same model and lines, in one process, with the padding forced back on and off in turn
 (`--rounds` times each, interleaved), per torch thread count. Prints the median seconds per sentence
@@ -11,6 +11,7 @@ Nothing here is a test.
 
     python bench/step_padding.py --model runs/multi30k-de-en/average.safetensors \\
         --source ../shared/data/multi30k/test_2016_flickr.de [--lines 60] [--threads 1,2] [--beam 1,8]
+        [--dtype float32|int8|bf16]
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2", help="torch threads, comma-separated")
     parser.add_argument("--beam", default="", help="beams, comma-separated (default: the model's own)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each setting, interleaved")
+    parser.add_argument("--dtype", default="float32", help="the linear layers' precision, as translate --dtype")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     lines = [line.rstrip("\n") for line in open(args.source, encoding="utf-8")][: args.lines]
-    loaded = load_model(args.model, device=torch.device("cpu"), dtype="float32")
+    loaded = load_model(args.model, device=torch.device("cpu"), dtype=args.dtype)
     beams = [int(b) for b in args.beam.split(",")] if args.beam else [resolve_decode({}, loaded.decode_defaults).beam_size]
     rows = []
     for beam in beams:
@@ -82,7 +84,7 @@ def main() -> int:
                          "yes" if outputs[True] == outputs[False] else "NO"])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/step_padding.py {shlex.join(sys.argv[1:])}`")
     print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
-    print(f"{len(lines)} sentences, each translated alone, float32; medians of each round, in order\n")
+    print(f"{len(lines)} sentences, each translated alone, {args.dtype}; medians of each round, in order\n")
     print(table(["beam", "threads", f"padded to {decoding.MIN_STEP_ROWS} rows: ms per sentence",
                  "real rows: ms per sentence", "speed-up", "identical outputs"], rows))
     return 0

@@ -169,17 +169,25 @@ def test_several_source_widths_on_padded_products_give_each_sentence_its_own_res
 
 
 def test_steps_are_padded_to_min_step_rows_only_where_a_product_needs_it():
-    # Packed oneDNN float32 products round a row the same in a call of any size: a sentence alone with
-    # beam 4 steps on its 4 rows. Plain F.linear (MKL) does not: its state is padded to MIN_STEP_ROWS.
+    # Packed oneDNN float32 products and the int8 layers give a row the same bits in a call of any size:
+    # a sentence alone with beam 4 steps on its 4 rows. Plain F.linear (MKL) and bf16 do not: their
+    # state is padded to MIN_STEP_ROWS.
     from tfm_cli.inference.decoding import MIN_STEP_ROWS, TransformerDecoder
     from tfm_cli.model.kernels import pack_weights
+    from tfm_cli.model.precision import convert_linear_layers, cpu_support, int8_layer_class
 
     torch.manual_seed(0)
-    plain, packed = Transformer(tiny_config()).eval(), Transformer(tiny_config()).eval()
+    plain, packed, bf16 = (Transformer(tiny_config()).eval() for _ in range(3))
     pack_weights(packed)
+    convert_linear_layers(bf16, "bf16")
+    cases = [(packed, 4), (plain, MIN_STEP_ROWS), (bf16, MIN_STEP_ROWS)]
+    if int8_layer_class(cpu_support()) is not None:  # a torch build with an int8 kernel for this CPU
+        int8 = Transformer(tiny_config()).eval()
+        convert_linear_layers(int8, "int8")
+        cases.append((int8, 4))
     src = torch.tensor([[5, 6, 7, 8, 3]])
     with torch.inference_mode():
-        for model, rows in ((packed, 4), (plain, MIN_STEP_ROWS)):
+        for model, rows in cases:
             decoder = TransformerDecoder(model, src)
             decoder.start(4, grouped=True)
             assert decoder.state.batch_size == rows

@@ -8,8 +8,9 @@ batch. That needs three things, all here:
   and sums over padded keys never see another sentence's length;
 - every matrix multiply with at least MIN_STEP_ROWS rows (`padded_rows`): CPU BLAS (MKL)
   multiplies fewer than ~12 rows with a different kernel, which rounds differently. Not needed
-  when every linear layer runs oneDNN's packed float32 product (`products_need_padding`), whose
-  rows round the same in a call of any size: then a step runs on its real rows only;
+  when every linear layer gives a row the same bits in a call of any size (`products_need_padding`:
+  oneDNN's packed float32 product, and the int8 layers, whose integer sums are exact): then a step
+  runs on its real rows only;
 - decoder attention by its explicit formula softmax(QK^T)V: torch's fused CPU kernel, for one
   query row per sequence, splits its work by batch size (measured with torch 2.13, AVX2 and AVX-512).
 """
@@ -104,8 +105,9 @@ def padded_rows(rows: torch.Tensor, group_width: int = 1, min_rows: int = MIN_ST
 
 def products_need_padding(layers: list[torch.nn.Module]) -> bool:
     """Whether batch invariance needs every product of a step padded to MIN_STEP_ROWS rows: True unless
-    each of `layers` rounds a row the same in a call of any size (`rows_independent`, kernels.Linear:
-    oneDNN's packed float32 product, tests/test_kernels.py). MKL's F.linear, bf16 and int8 layers pad."""
+    each of `layers` rounds a row the same in a call of any size (`rows_independent`: kernels.Linear on
+    oneDNN's packed float32 product, tests/test_kernels.py, and precision's int8 layers). MKL's F.linear
+    and bf16 layers pad."""
     return not all(getattr(layer, "rows_independent", False) for layer in layers)
 
 

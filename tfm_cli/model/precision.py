@@ -247,6 +247,12 @@ def quantize_rows_unsigned(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return values, scales
 
 
+# What decoding.products_need_padding asks of a layer. Both int8 layers give a row the same bits in a call
+# of any size by construction: the row's scale is its own maximum, the integer sums are exact (int32, and
+# 16-bit pair sums that cannot overflow without VNNI), and what follows is element by element.
+ROWS_INDEPENDENT = True
+
+
 class Int8Linear(nn.Module):
     """x @ W.T + b with W quantised per output feature and x quantised per row at each call.
 
@@ -260,6 +266,8 @@ class Int8Linear(nn.Module):
         self.weight_scales = scales.view(-1)  # (N,)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.product_threads: int | None = None  # see kernels.Linear
+
+    rows_independent = ROWS_INDEPENDENT
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
@@ -297,6 +305,8 @@ class Int8LinearWithoutVnni(nn.Module):
         self.weight_zero_points = torch.zeros(values.size(0), dtype=torch.int64)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.product_threads: int | None = None  # see kernels.Linear
+
+    rows_independent = ROWS_INDEPENDENT
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
