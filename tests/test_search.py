@@ -149,19 +149,26 @@ def test_a_sentence_among_sources_of_other_widths_gets_the_bits_it_gets_alone(tr
             assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in hyps]
 
 
-def test_several_source_widths_on_padded_products_give_each_sentence_its_own_result():
+@pytest.mark.parametrize(
+    "lengths", [(3, 5, 9, 12, 20), (3, 12, 20), (12, 3, 20), (12, 20, 3)],
+    ids=["no-padding", "width-8-alone-first", "width-8-alone-between", "width-8-alone-last"],
+)
+@pytest.mark.parametrize("beam", [1, 3])
+def test_several_source_widths_on_padded_products_give_each_sentence_its_own_result(lengths, beam):
     # The same with plain F.linear products, whose steps are padded to MIN_STEP_ROWS with copies of the
-    # last group (the groups of a state of several widths stay in order).
+    # last group (the groups of a state of several widths stay in order). The encoder, too, pads a run
+    # of fewer than MIN_STEP_ROWS token rows with copies of its first sentence: a width-8 source alone
+    # (8 token rows) is such a run, wherever it stands among the other widths.
     from tfm_cli.inference.decoding import TransformerDecoder, source_batch
     from tfm_cli.inference.search import search_beams
 
     torch.manual_seed(0)
     model = Transformer(tiny_config()).eval()
-    rows = [[int(t) for t in torch.randint(4, 40, (length,))] for length in (3, 5, 9, 12, 20)]  # widths 8, 8, 16, 16, 24
-    config = DecodeConfig(beam_size=3, nbest=2, max_len_a=0.0, max_len_b=8)
+    rows = [[int(t) for t in torch.randint(4, 40, (length,))] for length in lengths]
+    config = DecodeConfig(beam_size=beam, nbest=min(beam, 2), max_len_a=0.0, max_len_b=8)
     with torch.inference_mode():
         decoder = TransformerDecoder(model, source_batch(rows, model.config))
-        assert [run[2] for run in decoder.source_runs()] == [8, 16, 24]
+        assert len(decoder.source_runs()) == 3
         together = search_beams(decoder, config)
         for ids, hyps in zip(rows, together):
             alone = search_beams(TransformerDecoder(model, source_batch([ids], model.config)), config)[0]

@@ -209,14 +209,17 @@ class TransformerDecoder:
         first sentence pad it; the state drops them at once).
         """
         encoded, groups, offset = [], [], 0  # offset: the state's first group of the run
+        group_sentences = []  # the sentence of each of the state's groups (a padding copy: its run's first)
         for start, end, width in self.source_runs():
             src = self.src[start:end, :width]
             extra = max(0, -(-self.min_rows // width) - src.size(0))
             padded_src = torch.cat([src, src[:1].expand(extra, width)]) if extra else src
             encoded.append(self.model.encode(padded_src))
             groups.append(torch.arange(offset, offset + end - start, device=src.device))
+            group_sentences += list(range(start, end)) + [start] * extra
             offset += padded_src.size(0)
         self.state = self.model.start_decoding(encoded if len(encoded) > 1 else encoded[0])
+        self.row_sentences = torch.tensor(group_sentences, device=self.src.device)  # the state's one row per group
         rows = torch.cat(groups).repeat_interleave(rows_per_sentence)
         self.select(rows, rows_per_sentence if grouped else 1)
 
