@@ -1,5 +1,6 @@
 """Let glibc's malloc keep freed memory for reuse, for commands that decode step by step and for
-training; or give a burst of freed memory back at once, for training after it builds an epoch.
+training; or give a burst of freed memory back at once, for training after it builds an epoch and for
+the commands that run a model after they load it.
 
 Every decoding step allocates and frees tensors of a few megabytes (the logits, the reordered
 self-attention caches, the layers' outputs), most of them the same size as the step before.
@@ -74,7 +75,8 @@ def return_freed_memory() -> bool:
     Building an epoch's batches of a large corpus sorts and gathers several (N,) tensors that are
     freed at once; glibc keeps such memory in its heap (hundreds of MiB for millions of pairs, see
     bench/RESULTS.md, section "Other modules"), where every torchrun rank would hold it for the whole
-    run. Returns False where there is no glibc (nothing done).
+    run. Loading a model in int8 or bf16 frees its float32 weights the same way. Returns False where
+    there is no glibc (nothing done).
     """
     try:
         malloc_trim = ctypes.CDLL(None).malloc_trim
