@@ -259,6 +259,8 @@ class Int8Linear(nn.Module):
     Holds W as int8 (in_features, out_features), its scales (out_features,) and a float32 bias.
     """
 
+    rows_independent = ROWS_INDEPENDENT
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         values, scales = quantize_weight_rows(linear.weight.detach().float())  # (N, K), (N, 1)
@@ -266,8 +268,6 @@ class Int8Linear(nn.Module):
         self.weight_scales = scales.view(-1)  # (N,)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.product_threads: int | None = None  # see kernels.Linear
-
-    rows_independent = ROWS_INDEPENDENT
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
@@ -297,6 +297,8 @@ class Int8LinearWithoutVnni(nn.Module):
     +128 into unsigned bytes, which oneDNN takes with the zero point 128; its int32 sums are exact.
     """
 
+    rows_independent = ROWS_INDEPENDENT
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         values, scales = quantize_weight_rows(linear.weight.detach().float(), WEIGHT_MAX_WITHOUT_VNNI)  # (N, K), (N, 1)
@@ -305,8 +307,6 @@ class Int8LinearWithoutVnni(nn.Module):
         self.weight_zero_points = torch.zeros(values.size(0), dtype=torch.int64)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.product_threads: int | None = None  # see kernels.Linear
-
-    rows_independent = ROWS_INDEPENDENT
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) float32 -> (..., out_features) float32."""
