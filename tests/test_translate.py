@@ -53,6 +53,52 @@ def test_batched_translation_equals_one_at_a_time_on_held_out_sentences(model_pa
     assert odd == alone
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bf16"])
+@pytest.mark.parametrize("full_context", [False, True])
+def test_forced_attention_of_a_pair_has_the_same_bits_alone_and_among_other_widths(model_path, test_lines, dtype,
+                                                                                  full_context):
+    # What --alignment, --markup and the serve API's alignments read: a pair's attention must not depend on the
+    # other pairs of its batch (their source and output widths, their number), as a search's result does not.
+    from tfm_cli.config import AlignmentConfig
+    from tfm_cli.inference.alignment import forced_attention
+    from tfm_cli.inference.decoding import padded_length
+    from tfm_cli.model.precision import cpu_support, int8_layer_class
+
+    if dtype == "int8" and int8_layer_class(cpu_support()) is None:
+        return  # this torch build has no int8 kernel for this CPU (tests/test_precision.py covers the refusal)
+    loaded = load_model(model_path, dtype=dtype)
+    sources = [loaded.src_tokenizer.encode_ids(line) for line in test_lines[:40]]
+    outputs = [loaded.tgt_tokenizer.encode_ids(" ".join(line.split()[::-1])) for line in test_lines[40:80]]
+    assert len({(padded_length(len(s) + 1), padded_length(len(o) + 1)) for s, o in zip(sources, outputs)}) >= 3
+    alignment = AlignmentConfig(full_context=full_context)
+    with torch.inference_mode():
+        together = forced_attention(loaded.model, None, alignment, sources, outputs)
+        for index in (0, 7, 19, 33, 39):
+            alone = forced_attention(loaded.model, None, alignment, [sources[index]], [outputs[index]])[0]
+            assert alone.shape == (len(outputs[index]) + 1, len(sources[index]) + 1)
+            assert torch.equal(alone, together[index]), index
+        pair = forced_attention(loaded.model, None, alignment, sources[5:7], outputs[5:7])
+        assert all(torch.equal(a, b) for a, b in zip(pair, together[5:7]))
+
+
+def test_forced_attention_pads_a_small_group_for_products_that_round_by_row_count():
+    # Plain F.linear (MKL) multiplies fewer than ~12 rows with another kernel: a pair alone at width 8 (8 token
+    # rows) must still get the bits it gets beside a second pair of its widths.
+    from conftest import tiny_config
+    from tfm_cli.config import AlignmentConfig
+    from tfm_cli.inference.alignment import forced_attention
+    from tfm_cli.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()  # not packed: F.linear products
+    sources, outputs = [[5, 6, 7], [8, 9, 10, 11]], [[12, 13, 14], [15, 16]]
+    with torch.inference_mode():
+        together = forced_attention(model, None, AlignmentConfig(), sources, outputs)
+        for index in range(2):
+            alone = forced_attention(model, None, AlignmentConfig(), [sources[index]], [outputs[index]])[0]
+            assert torch.equal(alone, together[index]), index
+
+
 def test_cli_keeps_order_line_count_and_empty_lines(model_path, test_lines):
     lines = [test_lines[5], "", test_lines[0], "   ", test_lines[17], test_lines[5], ""]
     result = run_cli(["translate", "-m", model_path, "--beam", "3"], input="\n".join(lines) + "\n")

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from tfm_cli.config import AlignmentConfig
+from tfm_cli.inference.decoding import MIN_STEP_ROWS, padded_length
 from tfm_cli.model import Transformer
 from tfm_cli.model.aligner import Aligner
 from tfm_cli.tokenization.words import Span
@@ -61,6 +62,38 @@ def aligning_attention(
         return aligner(states, encoded.memory.float(), encoded.src_mask, tgt_mask).exp().cpu()
     decoded = model.decode(tgt_in, encoded, attention_layer=alignment.layer, full_context=alignment.full_context)
     return chosen_attention([decoded.layer_cross_attention], replace(alignment, layer=0)).float().cpu()
+
+
+def forced_attention(
+    model: Transformer, aligner: Aligner | None, alignment: AlignmentConfig, sources: list[list[int]],
+    outputs: list[list[int]], device: torch.device | str = "cpu",
+) -> list[torch.Tensor]:
+    """aligning_attention of each (source, output) id pair, teacher-forced: per pair a (T, S) float32 CPU
+    tensor, T = len(output) + 1 rows (BOS, then the output), S = len(source) + 1 columns (then EOS).
+
+    Batch-invariant, as the searches are: pairs are grouped by their padded source and output widths
+    (decoding.padded_length) and each group runs at those widths, on at least MIN_STEP_ROWS token rows
+    on both sides (copies of its first pair fill it up), so a pair's attention has the same bits
+    whatever else is aligned with it.
+    """
+    config = model.config
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, (source, output) in enumerate(zip(sources, outputs)):
+        widths = (padded_length(len(source) + 1), padded_length(len(output) + 1))
+        groups.setdefault(tuple(min(width, config.max_positions) for width in widths), []).append(index)
+    attention: list[torch.Tensor | None] = [None] * len(sources)
+    for (src_width, tgt_width), members in groups.items():
+        copies = max(0, -(-MIN_STEP_ROWS // min(src_width, tgt_width)) - len(members))
+        rows = members + members[:1] * copies
+        src = torch.full((len(rows), src_width), config.pad_id, dtype=torch.long)
+        tgt_in = torch.full((len(rows), tgt_width), config.pad_id, dtype=torch.long)
+        for row, index in enumerate(rows):
+            src[row, : len(sources[index]) + 1] = torch.tensor(sources[index] + [config.eos_id])
+            tgt_in[row, : len(outputs[index]) + 1] = torch.tensor([config.bos_id] + outputs[index])
+        group = aligning_attention(model, aligner, alignment, src.to(device), tgt_in.to(device))  # (G, T, S)
+        for row, index in enumerate(members):
+            attention[index] = group[row, : len(outputs[index]) + 1, : len(sources[index]) + 1]
+    return attention
 
 
 def piece_rows(attention: torch.Tensor, n_pieces: int, shift: bool) -> torch.Tensor:

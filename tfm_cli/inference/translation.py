@@ -19,7 +19,7 @@ from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig, DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.alignment import (
-    aligning_attention,
+    forced_attention,
     hard_alignment,
     merge_to_words,
     null_weights,
@@ -300,16 +300,11 @@ class Translator:
         The decoder re-reads each output teacher-forced (the same attention the search saw); the
         chosen layer/head's piece-level map is merged to words (alignment.py) and argmaxed.
         """
-        config = self.model.config
         rows = [(i, output) for i in batch for output in results[i].outputs]
-        src_width = max(len(sources[i]) for i, _ in rows) + 1
-        src_rows = [sources[i] + [config.eos_id] + [config.pad_id] * (src_width - len(sources[i]) - 1) for i, _ in rows]
-        width = max(len(output.ids) for _, output in rows) + 1
-        tgt_in = torch.full((len(rows), width), config.pad_id, dtype=torch.long)  # (R, T): [BOS] + ids, padded
-        for row, (_, output) in enumerate(rows):
-            tgt_in[row, : len(output.ids) + 1] = torch.tensor([config.bos_id] + output.ids, dtype=torch.long)
-        src = torch.tensor(src_rows, dtype=torch.long, device=self.device)  # (R, S), padded
-        attention = aligning_attention(self.model, self.loaded.aligner, self.alignment, src, tgt_in.to(self.device))  # (R, T, S)
+        attention = forced_attention(  # per row (T, S): [BOS] + output ids by source ids + EOS
+            self.model, self.loaded.aligner, self.alignment, [sources[i] for i, _ in rows], [output.ids for _, output in rows],
+            self.device,
+        )
         skip = len(self.source_prefix)  # the prefix columns are no source words
         # Pieces as strings of the text, not of the ids: an unknown character (a tab, a no-break space the
         # vocabulary lacks) keeps its surface there, so it still separates words (tokenization/words.py).
