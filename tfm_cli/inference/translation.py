@@ -331,8 +331,9 @@ class Translator:
 def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
     """Group line indices by padded source width, each group split by --batch-size/--max-tokens.
 
-    Yields lists of line indices, narrowest first; within a batch, shortest source first. For passes
-    that attend over a whole batch at its width (word_alignment's forced decoding).
+    Yields lists of line indices, narrowest first; within a batch, shortest source first. For `tfm align`
+    (word_alignment): batches of one source width keep the groups of its forced passes
+    (alignment.forced_attention, one per source and output width) few and large.
     """
     by_width: dict[int, list[int]] = {}
     for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):

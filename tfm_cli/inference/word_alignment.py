@@ -18,7 +18,7 @@ from tfm_cli.checkpoints.format import LoadedModel
 from tfm_cli.config import AlignmentConfig
 from tfm_cli.inference.alignment import (
     AlignmentPair,
-    aligning_attention,
+    forced_attention,
     hard_alignment,
     merge_to_words,
     null_weights,
@@ -26,7 +26,6 @@ from tfm_cli.inference.alignment import (
     piece_rows,
     transpose_pairs,
 )
-from tfm_cli.inference.decoding import source_batch
 from tfm_cli.inference.symmetrization import SYMMETRIZATIONS, ordered
 from tfm_cli.inference.translation import BatchingConfig, bucketed_batches
 from tfm_cli.textio.output_lines import json_line
@@ -158,7 +157,6 @@ class WordAligner:
     def align(self, pairs: list[WordPair], keep_matrices: bool) -> list[Direction | TooLong | None]:
         """Align each (src words, tgt words) pair: a Direction; TooLong for a pair a side of which does
         not fit the model; None for a pair with an empty side."""
-        config = self.model.config
         encoded = self.encode(pairs)
         answers: list = [None] * len(pairs)
         sources: dict[int, list[int]] = {}
@@ -170,16 +168,14 @@ class WordAligner:
             elif pairs[i][0] and pairs[i][1]:
                 answers[i] = Direction(matrix=torch.zeros(len(pairs[i][1]), len(pairs[i][0])))
         for batch in bucketed_batches(sources, self.batching):
-            src = source_batch([sources[i] for i in batch], config, self.device)  # (B, S): ids + EOS, padded
-            width = max(len(encoded[i][2]) for i in batch) + 1
-            tgt_in = torch.full((len(batch), width), config.pad_id, dtype=torch.long)  # (B, T): [BOS] + ids, padded
-            for row, i in enumerate(batch):
-                tgt_in[row, : len(encoded[i][2]) + 1] = torch.tensor([config.bos_id] + encoded[i][2], dtype=torch.long)
-            attention = aligning_attention(self.model, self.loaded.aligner, self.alignment, src, tgt_in.to(self.device))
+            attention = forced_attention(  # per pair (T, S): [BOS] + target ids by source ids + EOS
+                self.model, self.loaded.aligner, self.alignment, [sources[i] for i in batch], [encoded[i][2] for i in batch],
+                self.device,
+            )
             for row, i in enumerate(batch):
                 src_ids, src_spans, tgt_ids, tgt_spans = encoded[i]
                 # Rows: the target pieces (the </s> row dropped); columns: the source pieces and EOS.
-                pieces = piece_rows(attention[row], len(tgt_ids), self.alignment.shift)[:, : len(src_ids) + 1]
+                pieces = piece_rows(attention[row], len(tgt_ids), self.alignment.shift)
                 matrix, links = word_matrix(pieces, tgt_spans, src_spans, self.alignment.null)
                 answers[i] = Direction(links, matrix if keep_matrices else None)
         return answers
