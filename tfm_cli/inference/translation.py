@@ -328,31 +328,15 @@ class Translator:
                 output.markup_links = sorted(set(output.alignment) | set(from_source), key=lambda p: (p[1], p[0]))
 
 
-def bucketed_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
-    """Group line indices by padded source width, each group split by --batch-size/--max-tokens.
-
-    Yields lists of line indices, narrowest first; within a batch, shortest source first. For `tfm align`
-    (word_alignment): batches of one source width keep the groups of its forced passes
-    (alignment.forced_attention, one per source and output width) few and large.
-    """
-    by_width: dict[int, list[int]] = {}
-    for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):
-        by_width.setdefault(padded_length(len(ids) + 1), []).append(i)
-    for width in sorted(by_width):
-        group = by_width[width]
-        per_batch = max(1, min(batching.batch_size, batching.max_tokens // width))
-        for start in range(0, len(group), per_batch):
-            yield group[start : start + per_batch]
-
-
 def length_sorted_batches(sources: dict[int, list[int]], batching: BatchingConfig) -> Iterator[list[int]]:
-    """Line indices in batches of sources of similar length, by --batch-size and --max-tokens, for the searches.
+    """Line indices in batches of sources of similar length, by --batch-size and --max-tokens, for the
+    searches and the forced passes of `tfm align`.
 
-    Yields lists of line indices, shortest source first within a batch and from batch to batch. Unlike
-    bucketed_batches, a batch may hold several padded source widths (a round of one-sentence requests
-    is one batch, not one per width): decoding.TransformerDecoder encodes and attends each width
-    apart, so a sentence's translation does not depend on its batch. --max-tokens bounds a batch's
-    sentences times its widest padded width.
+    Yields lists of line indices, shortest source first within a batch and from batch to batch. A batch
+    may hold several padded source widths (a round of one-sentence requests is one batch, not one per
+    width): decoding.TransformerDecoder and alignment.forced_attention run each width apart, so a
+    sentence's result does not depend on its batch. --max-tokens bounds a batch's sentences times its
+    widest padded width.
     """
     batch: list[int] = []
     for i, ids in sorted(sources.items(), key=lambda item: len(item[1])):

@@ -27,7 +27,7 @@ from tfm_cli.inference.alignment import (
     transpose_pairs,
 )
 from tfm_cli.inference.symmetrization import SYMMETRIZATIONS, ordered
-from tfm_cli.inference.translation import BatchingConfig, bucketed_batches
+from tfm_cli.inference.translation import BatchingConfig, length_sorted_batches
 from tfm_cli.textio.output_lines import json_line
 from tfm_cli.textio.streams import read_chunks
 from tfm_cli.tokenization.words import Span, split_words
@@ -167,7 +167,7 @@ class WordAligner:
                 sources[i] = src_ids
             elif pairs[i][0] and pairs[i][1]:
                 answers[i] = Direction(matrix=torch.zeros(len(pairs[i][1]), len(pairs[i][0])))
-        for batch in bucketed_batches(sources, self.batching):
+        for batch in length_sorted_batches(sources, self.batching):
             attention = forced_attention(  # per pair (T, S): [BOS] + target ids by source ids + EOS
                 self.model, self.loaded.aligner, self.alignment, [sources[i] for i in batch], [encoded[i][2] for i in batch],
                 self.device,
