@@ -89,7 +89,13 @@ def test_each_mode_runs_its_thread_counts(monkeypatch, mode, layer_threads, prod
     seen_by_layer: list[int] = []
     seen_by_product: list[int] = []
     layer = loaded.model.decoder_layers[0]
-    handle = layer.register_forward_pre_hook(lambda module, args: seen_by_layer.append(torch.get_num_threads()))
+    layer_step = layer.step
+
+    def recording_layer_step(*args):
+        seen_by_layer.append(torch.get_num_threads())
+        return layer_step(*args)
+
+    monkeypatch.setattr(layer, "step", recording_layer_step)
     packed_linear = kernels.packed_linear
 
     def recording_packed_linear(*args):
@@ -111,7 +117,6 @@ def test_each_mode_runs_its_thread_counts(monkeypatch, mode, layer_threads, prod
         assert torch.get_num_threads() == 2
         assert all(layer.product_threads is None for layer in linear_layers(loaded.model))
     finally:
-        handle.remove()
         torch.set_num_threads(previous)
 
 

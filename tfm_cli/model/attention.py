@@ -20,16 +20,15 @@ from tfm_cli.model.kernels import Linear
 @dataclass
 class KeyValueCache:
     """Cross-attention keys/values of the encoder memory, (G, H, S, Dh) each: one entry per group of
-    decoder rows (see DecoderState), computed once per sentence (None until the first step computes them)."""
+    decoder rows (see DecoderState), computed once per sentence (Transformer.start_decoding)."""
 
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    keys: torch.Tensor
+    values: torch.Tensor
 
     def select(self, indices: torch.Tensor) -> None:
         """Keep entries `indices` (G',) in this order: drops finished sentences, copies a sentence's entry."""
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, indices)
-            self.values = self.values.index_select(0, indices)
+        self.keys = self.keys.index_select(0, indices)
+        self.values = self.values.index_select(0, indices)
 
 
 class SelfAttentionCache:
@@ -168,27 +167,35 @@ class SelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
-        cache: SelfAttentionCache | None = None,
         need_weights: bool = False,
         explicit: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, D). Returns (output (B, T, D), weights (B, H, T, T') or None).
+        """x: (B, T, D), the whole sequence. Returns (output (B, T, D), weights (B, H, T, T) or None).
 
-        With `cache`, x holds only the new step(s): their keys/values are appended to the cache and
-        the queries attend to everything cached, so no causal mask is needed. `explicit`: see `attend`.
+        `explicit`: see `attend`.
         """
         projected = self.qkv_proj(x)  # (B, T, 3D): queries, keys, values side by side
         batch, length, d_model = x.shape
         queries = split_heads(projected[..., :d_model], self.n_heads)  # (B, H, T, Dh)
-        # (B, T, 2D) -> (B, T, 2, H, Dh) -> (2, B, H, T, Dh): keys at [0], values at [1]
-        keys_values = projected[..., d_model:].view(batch, length, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        if cache is not None:
-            keys, values = cache.append(keys_values)  # (B, H, t + T, Dh) each
-        else:
-            keys, values = keys_values.unbind(0)
+        # (B, T, 2D) -> (B, T, 2, H, Dh) -> (2, B, H, T, Dh) -> keys, values (B, H, T, Dh) each
+        keys, values = projected[..., d_model:].view(batch, length, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         dropout = self.dropout if self.training else 0.0
         output, weights = attend(queries, keys, values, mask, is_causal, dropout, need_weights, explicit=explicit)
         return self.out_proj(merge_heads(output)), weights
+
+    def step(self, x: torch.Tensor, cache: SelfAttentionCache, explicit: bool = False) -> torch.Tensor:
+        """One new position per row: x (B, D) -> (B, D). Its keys/values are appended to `cache`, and its
+        query attends to everything cached (no causal mask needed). The same products as `forward` on the
+        rows; the step works on (B, D) so that it reshapes nothing per product. `explicit`: see `attend`."""
+        projected = self.qkv_proj(x)  # (B, 3D)
+        batch, d_model = x.shape
+        queries = projected[:, :d_model].view(batch, 1, self.n_heads, -1).transpose(1, 2)  # (B, H, 1, Dh)
+        # (B, 2D) -> (B, 1, 2, H, Dh) -> (2, B, H, 1, Dh): keys at [0], values at [1]
+        keys_values = projected[:, d_model:].view(batch, 1, 2, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        keys, values = cache.append(keys_values)  # (B, H, t + 1, Dh) each
+        dropout = self.dropout if self.training else 0.0
+        output, _ = attend(queries, keys, values, None, False, dropout, False, explicit=explicit)  # (B, H, 1, Dh)
+        return self.out_proj(output.view(batch, d_model))
 
 
 class CrossAttention(nn.Module):
@@ -211,49 +218,46 @@ class CrossAttention(nn.Module):
         return split_heads(keys, self.n_heads), split_heads(values, self.n_heads)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        memory: torch.Tensor | None,
-        mask: torch.Tensor | list[torch.Tensor] | None,
-        cache: KeyValueCache | list[KeyValueCache] | None = None,
-        need_weights: bool = False,
-        explicit: bool = False,
+        self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor, need_weights: bool = False, explicit: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, D), memory: (B, S, D), mask: (B, 1, 1, S). Returns ((B, T, D), (B, H, T, S) or None).
 
-        With a filled `cache`, the memory's keys/values come from it and `memory` may be None. A
-        cache may hold G = B / w entries, one per group of w consecutive rows of x (the beams of one
-        sentence share their source): `mask` is then (G, 1, 1, S) and each group's w rows are
-        multiplied with their keys in one product, so the cache is neither copied per row nor read w times.
-        A list of filled caches with a list of masks (decoding sources of several widths, one cache
-        per width: transformer.SourcePart) splits the rows of x in that order, each run attending to its
-        own cache; the projections still run on all rows at once. `explicit`: see `attend`.
+        `explicit`: see `attend`.
         """
-        if isinstance(cache, list):
-            return self.forward_parts(x, mask, cache, explicit), None
-        if cache is not None and cache.keys is not None:
-            keys, values = cache.keys, cache.values
-        else:
-            keys, values = self.project_memory(memory)
-            if cache is not None:
-                cache.keys, cache.values = keys, values
+        keys, values = self.project_memory(memory)
         queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
         attended, weights = self.attend_groups(queries, keys, values, mask, need_weights, explicit)
         return self.out_proj(attended), weights
 
-    def forward_parts(
-        self, x: torch.Tensor, masks: list[torch.Tensor], caches: list[KeyValueCache], explicit: bool
+    def step(
+        self, x: torch.Tensor, mask: torch.Tensor | list[torch.Tensor], cache: KeyValueCache | list[KeyValueCache],
+        explicit: bool = False,
     ) -> torch.Tensor:
-        """x: (B, T, D) -> (B, T, D), each run of rows attending to its part's filled cache (see forward)."""
-        queries = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
-        group_width = x.size(0) // sum(cache.keys.size(0) for cache in caches)
-        outputs, start = [], 0
-        for mask, cache in zip(masks, caches):
-            rows = cache.keys.size(0) * group_width
-            attended, _ = self.attend_groups(queries[start : start + rows], cache.keys, cache.values, mask, False, explicit)
-            outputs.append(attended)
-            start += rows
-        return self.out_proj(torch.cat(outputs))
+        """One new position per row: x (B, D) -> (B, D), attending to the memory's keys/values in `cache`.
+
+        The cache may hold G = B / w entries, one per group of w consecutive rows (the beams of one
+        sentence share their source): `mask` is then (G, 1, 1, S) and each group's w rows are multiplied
+        with their keys in one product, so the cache is neither copied per row nor read w times. A list
+        of caches with a list of masks (decoding sources of several widths, one cache per width:
+        transformer.SourcePart) splits the rows in that order, each run attending to its own cache; the
+        projections still run on all rows at once. `explicit`: see `attend`.
+        """
+        batch, d_model = x.shape
+        queries = self.q_proj(x).view(batch, 1, self.n_heads, -1).transpose(1, 2)  # (B, H, 1, Dh)
+        if isinstance(cache, KeyValueCache):
+            attended, _ = self.attend_groups(queries, cache.keys, cache.values, mask, False, explicit)
+        else:
+            group_width = batch // sum(part.keys.size(0) for part in cache)
+            outputs, start = [], 0
+            for part_mask, part in zip(mask, cache):
+                rows = part.keys.size(0) * group_width
+                part_attended, _ = self.attend_groups(
+                    queries[start : start + rows], part.keys, part.values, part_mask, False, explicit
+                )
+                outputs.append(part_attended)
+                start += rows
+            attended = torch.cat(outputs)
+        return self.out_proj(attended.view(batch, d_model))
 
     def attend_groups(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,

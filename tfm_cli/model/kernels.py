@@ -53,17 +53,6 @@ def row_bucket(count: int) -> int:
     return -(-count // bucket) * bucket
 
 
-def uses_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x @ weight.T may run through a packed oneDNN product: CPU float32, autograd off."""
-    return (
-        not torch.is_grad_enabled()
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-    )
-
-
 class Linear(nn.Linear):
     """nn.Linear (same parameters, same state dict) that can run on a oneDNN-packed copy of its weight.
 
@@ -123,10 +112,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), x @ weight.T + bias."""
-        if self.packed_weight is None or not uses_packed_path(x, self.weight):
-            self.require_plain_weight()
-            return on_threads(self.product_threads, F.linear, x, self.weight, self.bias)
-        return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias)
+        return self.product(x, "none")
 
     def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in_features) -> (..., out_features), max(0, x @ weight.T + bias).
@@ -134,10 +120,18 @@ class Linear(nn.Linear):
         On the packed path oneDNN applies the ReLU to the product before writing it (one pass over
         the output instead of two); the result is the same bits as F.relu after forward.
         """
-        if self.packed_weight is None or not uses_packed_path(x, self.weight):
-            self.require_plain_weight()
-            return F.relu(on_threads(self.product_threads, F.linear, x, self.weight, self.bias))
-        return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias, "relu")
+        return self.product(x, "relu")
+
+    def product(self, x: torch.Tensor, activation: str) -> torch.Tensor:
+        """forward ("none") or forward_relu ("relu"). A decoding step calls this for every layer, so the
+        packed path's test reads only x's flags: the packed weight exists only for a CPU float32 weight."""
+        if self.packed_weight is not None and x.is_cpu and x.dtype is torch.float32 and not torch.is_grad_enabled():
+            if self.product_threads is None:
+                return packed_linear(x, self.packed_weight, self.bias, activation)
+            return on_threads(self.product_threads, packed_linear, x, self.packed_weight, self.bias, activation)
+        self.require_plain_weight()
+        output = on_threads(self.product_threads, F.linear, x, self.weight, self.bias)
+        return F.relu(output) if activation == "relu" else output
 
 
 def packed_linear(
@@ -149,13 +143,15 @@ def packed_linear(
     padded with zeros to row_bucket(rows) for the call (see the module docstring); the padding rows
     are dropped from the result. x and the weight share a dtype.
     """
-    rows = x.reshape(-1, x.size(-1))
+    rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
     count = rows.size(0)
     missing = row_bucket(count) - count
     if missing:
         rows = torch.cat([rows, rows.new_zeros(missing, rows.size(1))])
     output = torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, activation, [], "")
-    return output[:count].view(*x.shape[:-1], output.size(-1))
+    if missing:
+        output = output[:count]
+    return output if x.dim() == 2 else output.view(*x.shape[:-1], output.size(-1))
 
 
 def pack_weights(model: nn.Module, keep_plain: bool = True) -> None:

@@ -133,43 +133,48 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        memory: torch.Tensor | None,
-        memory_mask: torch.Tensor | list[torch.Tensor],
-        self_cache: SelfAttentionCache | None = None,
-        cross_cache: KeyValueCache | list[KeyValueCache] | None = None,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor,
         need_weights: bool = False,
-        explicit_attention: bool = False,
         need_cross_weights: bool = False,
         target_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """x: (B, T, D), memory: (B, S, D), memory_mask: (B, 1, 1, S).
+        """x: (B, T, D), the whole target prefix, memory: (B, S, D), memory_mask: (B, 1, 1, S).
 
-        Returns (output (B, T, D), self-attention (B, H, T, T') or None, cross-attention (B, H, T, S)
-        or None). Without caches the self-attention is causal over x; with caches x holds only new
-        steps, which may attend to all cached ones. `explicit_attention` computes both attentions by
-        their explicit formula even when no weights are asked for (see attention.attend).
-        `need_cross_weights` asks for the cross-attention weights only (guided-alignment training).
-        `target_mask` (B, 1, 1, T), True at real target positions, replaces the causal mask: every
-        position then sees the whole target (full-context alignment; never with caches).
+        Returns (output (B, T, D), self-attention (B, H, T, T) or None, cross-attention (B, H, T, S)
+        or None). The self-attention is causal over x. `need_cross_weights` asks for the
+        cross-attention weights only (guided-alignment training). `target_mask` (B, 1, 1, T), True at
+        real target positions, replaces the causal mask: every position then sees the whole target
+        (full-context alignment).
         """
-        is_causal = target_mask is None and self_cache is None and x.size(1) > 1
+        is_causal = target_mask is None and x.size(1) > 1
         attended, self_weights = self.self_attn(
-            self.self_attn_sublayer.before(x),
-            mask=target_mask,
-            is_causal=is_causal,
-            cache=self_cache,
-            need_weights=need_weights,
-            explicit=explicit_attention,
+            self.self_attn_sublayer.before(x), mask=target_mask, is_causal=is_causal, need_weights=need_weights
         )
         x = self.self_attn_sublayer.after(x, attended)
         attended, cross_weights = self.cross_attn(
-            self.cross_attn_sublayer.before(x),
-            memory,
-            memory_mask,
-            cache=cross_cache,
-            need_weights=need_weights or need_cross_weights,
-            explicit=explicit_attention,
+            self.cross_attn_sublayer.before(x), memory, memory_mask, need_weights=need_weights or need_cross_weights
         )
         x = self.cross_attn_sublayer.after(x, attended)
         x = self.ffn_sublayer.after(x, self.ffn(self.ffn_sublayer.before(x)))
         return x, self_weights, cross_weights
+
+    def step(
+        self,
+        x: torch.Tensor,
+        memory_mask: torch.Tensor | list[torch.Tensor],
+        self_cache: SelfAttentionCache,
+        cross_cache: KeyValueCache | list[KeyValueCache],
+        explicit_attention: bool = False,
+    ) -> torch.Tensor:
+        """One new target position per row (incremental decoding): x (B, D) -> (B, D), the same
+        computation as `forward` at that position, with the earlier positions' keys/values in
+        `self_cache` (this step's are appended) and the memory's in `cross_cache` (see
+        CrossAttention.step for groups and lists). `explicit_attention` computes both attentions by
+        their explicit formula (see attention.attend).
+        """
+        attended = self.self_attn.step(self.self_attn_sublayer.before(x), self_cache, explicit_attention)
+        x = self.self_attn_sublayer.after(x, attended)
+        attended = self.cross_attn.step(self.cross_attn_sublayer.before(x), memory_mask, cross_cache, explicit_attention)
+        x = self.cross_attn_sublayer.after(x, attended)
+        return self.ffn_sublayer.after(x, self.ffn(self.ffn_sublayer.before(x)))

@@ -334,23 +334,16 @@ class Transformer(nn.Module):
         fused kernel, so that a row's logits do not depend on the other rows (see attention.attend).
         `output_layer` replaces the output projection (a shortlist's: (B, K) logits of K target ids).
         """
-        x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)  # (B, 1, D)
+        x = self.embed(self.tgt_embed, tokens[:, None], start=state.position)[:, 0]  # (B, D)
         single = len(state.parts) == 1
+        memory_masks = state.parts[0].mask if single else state.memory_masks
         for index, (layer, self_cache) in enumerate(zip(self.decoder_layers, state.self_caches)):
-            caches = [part.cross_caches[index] for part in state.parts]
-            x, _, _ = layer(
-                x,
-                None,
-                state.parts[0].mask if single else state.memory_masks,
-                self_cache=self_cache,
-                cross_cache=caches[0] if single else caches,
-                explicit_attention=explicit_attention,
-            )
+            cross_caches = state.parts[0].cross_caches[index] if single else [part.cross_caches[index] for part in state.parts]
+            x = layer.step(x, memory_masks, self_cache, cross_caches, explicit_attention)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         state.position += 1
-        hidden = x[:, 0]  # (B, D)
-        return StepOutput(logits=self.project(hidden) if output_layer is None else output_layer(hidden))
+        return StepOutput(logits=self.project(x) if output_layer is None else output_layer(x))
 
 
 def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
