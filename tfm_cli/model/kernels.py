@@ -42,13 +42,16 @@ def onednn_linear_available() -> bool:
 
 
 def row_bucket(count: int) -> int:
-    """The row count a packed product of `count` rows runs with: the next multiple of SMALL_ROW_BUCKET
-    up to ROW_BUCKET rows, of ROW_BUCKET above.
+    """The row count a packed product of `count` rows runs with: 1 for one row, else the next multiple
+    of SMALL_ROW_BUCKET up to ROW_BUCKET rows, of ROW_BUCKET above.
 
-    The small buckets serve the few rows of greedy steps, whose time grows with the rows; above
-    them finer buckets made whole searches slower (a new oneDNN primitive per count and weight;
-    bench/RESULTS.md, section "Row buckets and the cost of one product call").
+    One row is a greedy search of one sentence (a served request, a pipeline's line), which multiplies
+    one row by every weight at every step. The small buckets serve the few rows of greedy steps, whose
+    time grows with the rows; above them finer buckets made whole searches slower (a new oneDNN
+    primitive per count and weight; bench/RESULTS.md, section "Row buckets and the cost of one product call").
     """
+    if count == 1:
+        return 1
     bucket = SMALL_ROW_BUCKET if count <= ROW_BUCKET else ROW_BUCKET
     return -(-count // bucket) * bucket
 
