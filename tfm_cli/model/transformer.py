@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer: embeddings, encoder, decoder, output projection, incremental decoding.
 
-Read top to bottom: Transformer.encode -> Transformer.decode (training, full target) or
-Transformer.start_decoding + Transformer.decode_step (inference, one token at a time with a cache).
+Read top to bottom: Transformer.encode -> Transformer.decode (training, full target: each layer's
+`forward`) or Transformer.start_decoding + Transformer.decode_step (inference, one token at a time
+with a cache: each layer's `step`, on (B, D) rows).
 """
 
 from __future__ import annotations
