@@ -312,6 +312,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_docs": "unit",
     "test_disk_full": "system",
     "test_dropout": "unit",
+    "test_embedding_rows": "integration",
     "test_ensemble": "integration",
     "test_shortlist": "integration",
     "test_moving_average": "integration",

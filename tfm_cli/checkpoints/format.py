@@ -40,6 +40,7 @@ from tfm_cli.config import AlignmentConfig, ModelConfig, config_from_dict, confi
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.aligner import ALIGNER_PREFIX, Aligner, aligner_shapes
+from tfm_cli.model.embedding_rows import read_embedding_rows_on_demand
 from tfm_cli.model.precision import convert_linear_layers
 from tfm_cli.textio.atomic_files import atomic_write_bytes
 from tfm_cli.textio.paths import as_regular_file, check_input_file
@@ -385,12 +386,19 @@ def build_model(
     return model
 
 
-def load_model(path: Path | str, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedModel:
+def load_model(
+    path: Path | str, device: str | torch.device = "cpu", dtype: str = "float32", embedding_rows_on_demand: bool = False
+) -> LoadedModel:
     """Read, validate and build (linear layers in `dtype`): the one call translate, score and inspect-attention need.
 
-    The model takes the weights read from the file (no second copy in memory).
+    The model takes the weights read from the file (no second copy in memory). With
+    `embedding_rows_on_demand` its embeddings then keep only the rows it looks up, each read from `path`
+    when first needed (model/embedding_rows.py): for a process that only runs the model.
     """
-    return loaded_model(path, read_checkpoint(path), device, dtype, take_weights=True)
+    loaded = loaded_model(path, read_checkpoint(path), device, dtype, take_weights=True)
+    if embedding_rows_on_demand:
+        read_embedding_rows_on_demand(loaded.model, Path(path))
+    return loaded
 
 
 def loaded_model(

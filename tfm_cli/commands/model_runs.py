@@ -58,12 +58,13 @@ def load_placed_model(path: str, placement: Placement) -> LoadedModel:
 
     What the build freed goes back to the kernel (allocator.return_freed_memory): the float32 weights an
     int8 or bf16 model replaced would otherwise stay in malloc's heap, which set_up_process never shrinks
-    (~180 MiB at the OPUS-MT base shape in int8, more than its decoding reuses).
+    (~180 MiB at the OPUS-MT base shape in int8, more than its decoding reuses). The embeddings keep only
+    the rows the run looks up (model/embedding_rows.py).
     """
     from tfm_cli.allocator import return_freed_memory
     from tfm_cli.checkpoints.format import load_model
 
-    loaded = load_model(path, device=placement.device, dtype=placement.dtype)
+    loaded = load_model(path, device=placement.device, dtype=placement.dtype, embedding_rows_on_demand=True)
     return_freed_memory()
     return loaded
 

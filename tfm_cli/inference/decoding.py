@@ -125,6 +125,8 @@ class ShortlistOutput:
     def __init__(self, model: Transformer, batch: ShortlistBatch) -> None:
         weight, bias = output_weights(model)
         device = weight.device
+        if model.tgt_embed.rows is not None:  # an embedding that holds only the rows looked up so far
+            model.tgt_embed.rows.ensure(batch.target_ids)
         self.target_ids = batch.target_ids.to(device)  # (K,)
         self.allowed = batch.allowed.to(device)  # (N, K)
         self.vocab_size = weight.size(0)

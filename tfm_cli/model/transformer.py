@@ -18,6 +18,7 @@ from tfm_cli.config import ModelConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.model.attention import KeyValueCache, SelfAttentionCache
 from tfm_cli.model.dropout import Dropout
+from tfm_cli.model.embedding_rows import Embedding
 from tfm_cli.model.kernels import Linear
 from tfm_cli.model.layers import DecoderLayer, EncoderLayer, sinusoidal_table
 
@@ -159,9 +160,9 @@ class Transformer(nn.Module):
         # and the embeddings skip nn.Embedding's own normal_, which has no C++ kernel for that device.
         on_meta = torch.get_default_device().type == "meta"
 
-        def new_embedding(vocab_size: int) -> nn.Embedding:
+        def new_embedding(vocab_size: int) -> Embedding:
             weight = torch.empty(vocab_size, d_model) if on_meta else None
-            return nn.Embedding(vocab_size, d_model, padding_idx=config.pad_id, _weight=weight)
+            return Embedding(vocab_size, d_model, padding_idx=config.pad_id, _weight=weight)
 
         self.src_embed = new_embedding(config.src_vocab_size)
         if config.share_embeddings:
@@ -226,7 +227,7 @@ class Transformer(nn.Module):
         model.tie_parameters()
         return model
 
-    def embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def embed(self, embedding: Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """tokens: (B, T) -> (B, T, D): embedding * sqrt(d_model) (section 3.4) + positional encoding."""
         length = tokens.size(1)
         if start + length > self.config.max_positions:
