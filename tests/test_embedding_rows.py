@@ -113,6 +113,15 @@ def test_a_checkpoint_changed_in_place_is_refused(tmp_path):
     assert not rows.loaded[7]
 
 
+def test_a_checkpoint_that_cannot_be_read_any_more_is_one_error(tmp_path):
+    path = tmp_path / "table.safetensors"
+    table = saved_table(path, 100, 8)
+    rows = RowsFromFile(path, safetensors_offset(path, "table"), (100, 8), row_checksums(table))
+    rows.file.close()  # as a file system that went away leaves it
+    with pytest.raises(TfmError, match="cannot read the model's embedding rows"):
+        rows.ensure(torch.tensor([3]))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_a_model_with_rows_on_demand_translates_as_the_full_one(random_checkpoint, dtype):
     full = load_model(random_checkpoint, dtype=dtype)

@@ -89,6 +89,8 @@ class RowsFromFile:
         view = memoryview(self.memory)[start:end]
         try:
             count = os.preadv(self.file.fileno(), [view], self.offset + start)
+        except (OSError, ValueError) as error:  # a file system gone, the file closed
+            raise TfmError(f"{self.path}: cannot read the model's embedding rows from the checkpoint ({error})") from None
         finally:
             view.release()
         if count != end - start:
