@@ -33,6 +33,13 @@ def saved_table(path: Path, rows: int, width: int, seed: int = 0) -> torch.Tenso
     return table
 
 
+def table_offset(path: Path, table: torch.Tensor) -> int:
+    """Where saved_table's tensor starts in `path`."""
+    offset = safetensors_offset(path, "table", tuple(table.shape))
+    assert offset is not None
+    return offset
+
+
 def resident_anonymous_kib() -> int:
     """This process's resident anonymous memory (RssAnon in /proc/self/status), KiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -50,7 +57,7 @@ def test_consecutive_runs():
 def test_rows_are_read_on_first_use_and_equal_the_file(tmp_path):
     path = tmp_path / "table.safetensors"
     table = saved_table(path, 1000, 16)
-    rows = RowsFromFile(path, safetensors_offset(path, "table"), (1000, 16), row_checksums(table))
+    rows = RowsFromFile(path, table_offset(path, table), (1000, 16), row_checksums(table))
     assert not rows.table.any()  # nothing read yet
     ids = torch.tensor([[3, 4, 5, 999], [3, 0, 500, 4]])
     rows.ensure(ids)
@@ -66,7 +73,7 @@ def test_lookups_give_the_bits_of_the_full_embedding(tmp_path):
     table = saved_table(path, 300, 8, seed=1)
     full = Embedding(300, 8, padding_idx=0, _weight=table.clone())
     on_demand = Embedding(300, 8, padding_idx=0, _weight=table.clone())
-    on_demand.use_rows_from_file(path, safetensors_offset(path, "table"))
+    on_demand.use_rows_from_file(path, table_offset(path, table))
     tokens = torch.randint(0, 300, (5, 7), generator=torch.Generator().manual_seed(2))
     assert torch.equal(on_demand(tokens), full(tokens))
     assert int(on_demand.rows.loaded.sum()) == tokens.unique().numel()
@@ -77,10 +84,10 @@ def test_a_table_takes_memory_only_for_the_rows_read(tmp_path):
         pytest.skip("reads RssAnon from /proc (Linux)")
     path = tmp_path / "table.safetensors"
     table = saved_table(path, 16384, 1024)  # 64 MiB
-    checksums = row_checksums(table)
+    checksums, offset = row_checksums(table), table_offset(path, table)
     del table
     before = resident_anonymous_kib()
-    rows = RowsFromFile(path, safetensors_offset(path, "table"), (16384, 1024), checksums)
+    rows = RowsFromFile(path, offset, (16384, 1024), checksums)
     rows.ensure(torch.arange(0, 16384, 1024))  # 16 rows of 4 KiB
     grown_mib = (resident_anonymous_kib() - before) / 1024
     assert grown_mib < 8, f"a table of 64 MiB with 16 rows read took {grown_mib:.1f} MiB"
@@ -91,7 +98,7 @@ def test_a_checkpoint_replaced_by_a_new_file_still_gives_the_loaded_rows(tmp_pat
     # file is still the old one.
     path = tmp_path / "table.safetensors"
     table = saved_table(path, 100, 8)
-    rows = RowsFromFile(path, safetensors_offset(path, "table"), (100, 8), row_checksums(table))
+    rows = RowsFromFile(path, table_offset(path, table), (100, 8), row_checksums(table))
     rows.ensure(torch.tensor([1, 2]))
     saved_table(path, 100, 8, seed=5)
     rows.ensure(torch.tensor([7]))
@@ -101,7 +108,7 @@ def test_a_checkpoint_replaced_by_a_new_file_still_gives_the_loaded_rows(tmp_pat
 def test_a_checkpoint_changed_in_place_is_refused(tmp_path):
     path = tmp_path / "table.safetensors"
     table = saved_table(path, 100, 8)
-    offset = safetensors_offset(path, "table")
+    offset = table_offset(path, table)
     rows = RowsFromFile(path, offset, (100, 8), row_checksums(table))
     rows.ensure(torch.tensor([1, 2]))
     with open(path, "r+b") as file:  # the same file written over, as `cp new old` does
@@ -116,7 +123,7 @@ def test_a_checkpoint_changed_in_place_is_refused(tmp_path):
 def test_a_checkpoint_that_cannot_be_read_any_more_is_one_error(tmp_path):
     path = tmp_path / "table.safetensors"
     table = saved_table(path, 100, 8)
-    rows = RowsFromFile(path, safetensors_offset(path, "table"), (100, 8), row_checksums(table))
+    rows = RowsFromFile(path, table_offset(path, table), (100, 8), row_checksums(table))
     rows.file.close()  # as a file system that went away leaves it
     with pytest.raises(TfmError, match="cannot read the model's embedding rows"):
         rows.ensure(torch.tensor([3]))
@@ -148,6 +155,9 @@ def test_rows_on_demand_need_float32_rows_in_the_file(random_checkpoint, tmp_pat
         random_checkpoint, tmp_path / "bf16.safetensors",
         tensors=lambda weights: weights.update({"src_embed.weight": weights["src_embed.weight"].to(torch.bfloat16)}),
     )
-    assert safetensors_offset(stored_bf16, "src_embed.weight") is None
+    shape = tuple(load_model(random_checkpoint).model.src_embed.weight.shape)
+    assert safetensors_offset(random_checkpoint, "src_embed.weight", shape) is not None
+    assert safetensors_offset(stored_bf16, "src_embed.weight", shape) is None
+    assert safetensors_offset(random_checkpoint, "src_embed.weight", (shape[0] + 1, shape[1])) is None
     loaded = load_model(stored_bf16, embedding_rows_on_demand=True)
     assert loaded.model.src_embed.rows is None  # kept whole, as loaded

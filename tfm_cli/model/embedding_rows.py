@@ -16,9 +16,11 @@ so lookups give the same bits as the full table.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import struct
+import sys
 from pathlib import Path
 
 import torch
@@ -26,9 +28,7 @@ from torch import nn
 
 from tfm_cli.errors import TfmError
 
-ROW_BYTES_PER_FLOAT = 4
-
-
+FLOAT32_BYTES = 4
 CHECKSUM_BLOCK_ROWS = 4096  # rows summed at a time: a 64-bit copy of one block, not of the table
 
 
@@ -58,7 +58,7 @@ class RowsFromFile:
         rows, width = shape
         self.path = path
         self.offset = offset
-        self.row_bytes = width * ROW_BYTES_PER_FLOAT
+        self.row_bytes = width * FLOAT32_BYTES
         self.checksums = checksums
         self.file = open(path, "rb")  # rows are read with os.preadv: no shared file position
         # Anonymous and private: zero pages that take memory only once written, copied on write after a
@@ -159,27 +159,24 @@ def read_embedding_rows_on_demand(model: nn.Module, path: Path) -> bool:
         return False
     changed = False
     for name, embedding in embeddings.items():
-        offset = safetensors_offset(path, f"{name}.weight")
+        offset = safetensors_offset(path, f"{name}.weight", tuple(embedding.weight.shape))
         if offset is not None and isinstance(embedding, Embedding):
             embedding.use_rows_from_file(path, offset)
             changed = True
-    if changed and tied_output:
+    if tied_output and model.tgt_embed.rows is not None:
         output.plain_weight_freed = True
     return changed
 
 
-def safetensors_offset(path: Path, name: str) -> int | None:
-    """The byte offset in `path` (a safetensors file) of tensor `name`'s data when it is stored as
-    little-endian float32 on a little-endian machine, else None."""
-    import json
-    import sys
-
+def safetensors_offset(path: Path, name: str, shape: tuple[int, ...]) -> int | None:
+    """The byte offset in `path` (a safetensors file, its header checked on load) of tensor `name`'s data
+    when it is stored with `shape` as little-endian float32 on a little-endian machine, else None."""
     if sys.byteorder != "little":
         return None
     with open(path, "rb") as f:
         (header_size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(header_size))
     info = header.get(name)
-    if not isinstance(info, dict) or info.get("dtype") != "F32":
+    if not isinstance(info, dict) or info.get("dtype") != "F32" or tuple(info.get("shape", ())) != shape:
         return None
     return 8 + header_size + int(info["data_offsets"][0])
