@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import rewritten_checkpoint
-from tfm_cli.checkpoints.format import load_model
+from tfm_cli.checkpoints.format import load_model, safetensors_offset
 from tfm_cli.config import DecodeConfig
 from tfm_cli.errors import TfmError
 from tfm_cli.inference.decoding import source_batch
@@ -22,7 +22,6 @@ from tfm_cli.model.embedding_rows import (
     RowsFromFile,
     consecutive_runs,
     row_checksums,
-    safetensors_offset,
 )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ from tfm_cli.config import AlignmentConfig, ModelConfig, config_from_dict, confi
 from tfm_cli.errors import TfmError
 from tfm_cli.model import Transformer, parameter_shapes
 from tfm_cli.model.aligner import ALIGNER_PREFIX, Aligner, aligner_shapes
-from tfm_cli.model.embedding_rows import read_embedding_rows_on_demand
+from tfm_cli.model.embedding_rows import Embedding, reads_rows_from_files
+from tfm_cli.model.kernels import Linear
 from tfm_cli.model.precision import convert_linear_layers
 from tfm_cli.textio.atomic_files import atomic_write_bytes
 from tfm_cli.textio.paths import as_regular_file, check_input_file
@@ -470,3 +472,48 @@ def check_special_ids(path: Path | str, config: ModelConfig, src: Tokenizer, tgt
                     f"{path}: model.{name}_id is {model_id} but the {side} tokenizer's {name} id is {tokenizer_id}; "
                     "the checkpoint's config and tokenizer do not belong together"
                 )
+
+
+def read_embedding_rows_on_demand(model: Transformer, path: Path) -> bool:
+    """Give each embedding of `model` (a Transformer loaded from the checkpoint `path` for inference)
+    a table of rows read on demand (model/embedding_rows.py), where that leaves every product with its own weights. Returns True if it did.
+
+    Nothing changes (False) off the CPU, on platforms without preadv, for a path that is not a regular
+    file (a pipe's temp copy is gone after the load), for a float32 output layer that still multiplies by
+    the tied plain weight (not packed), or for an embedding the file does not store as float32. A tied
+    float32 output layer then keeps only its packed copy (kernels.Linear.plain_weight_freed): its plain
+    weight is the table, whose rows are zeros until looked up.
+    """
+    # A shared embedding is stored once, under src_embed.weight.
+    embeddings = {"src_embed": model.src_embed}
+    if model.tgt_embed is not model.src_embed:
+        embeddings["tgt_embed"] = model.tgt_embed
+    weight = model.src_embed.weight
+    if not reads_rows_from_files() or not path.is_file() or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return False
+    output = model.output_proj
+    tied_output = isinstance(output, Linear) and output.weight is model.tgt_embed.weight
+    if tied_output and output.packed_weight is None:
+        return False
+    changed = False
+    for name, embedding in embeddings.items():
+        offset = safetensors_offset(path, f"{name}.weight", tuple(embedding.weight.shape))
+        if offset is not None and isinstance(embedding, Embedding):
+            embedding.use_rows_from_file(path, offset)
+            changed = True
+    if tied_output and model.tgt_embed.rows is not None:
+        output.plain_weight_freed = True
+    return changed
+
+
+def safetensors_offset(path: Path, name: str, shape: tuple[int, ...]) -> int | None:
+    """The byte offset in `path` (a checkpoint, see read_header) of tensor `name`'s data when it is stored
+    with `shape` as little-endian float32 on a little-endian machine, else None."""
+    if sys.byteorder != "little":
+        return None
+    with open(path, "rb") as f:
+        (header_size,) = struct.unpack("<Q", f.read(8))
+    info = read_header(path).get(name)
+    if not isinstance(info, dict) or info.get("dtype") != "F32" or tuple(info.get("shape", ())) != shape:
+        return None
+    return 8 + header_size + int(info["data_offsets"][0])

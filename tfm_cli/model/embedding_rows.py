@@ -16,11 +16,8 @@ so lookups give the same bits as the full table.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import struct
-import sys
 from pathlib import Path
 
 import torch
@@ -132,51 +129,3 @@ class Embedding(nn.Embedding):
         rows = RowsFromFile(path, offset, tuple(weight.shape), row_checksums(weight))
         self.weight.data = rows.table
         self.rows = rows
-
-
-def read_embedding_rows_on_demand(model: nn.Module, path: Path) -> bool:
-    """Give each embedding of `model` (a Transformer loaded from the checkpoint `path` for inference)
-    a RowsFromFile table, where that leaves every product with its own weights. Returns True if it did.
-
-    Nothing changes (False) off the CPU, on platforms without preadv, for a path that is not a regular
-    file (a pipe's temp copy is gone after the load), for a float32 output layer that still multiplies by
-    the tied plain weight (not packed), or for an embedding the file does not store as float32. A tied
-    float32 output layer then keeps only its packed copy (kernels.Linear.plain_weight_freed): its plain
-    weight is the table, whose rows are zeros until looked up.
-    """
-    from tfm_cli.model.kernels import Linear
-
-    # A shared embedding is stored once, under src_embed.weight.
-    embeddings = {"src_embed": model.src_embed}
-    if model.tgt_embed is not model.src_embed:
-        embeddings["tgt_embed"] = model.tgt_embed
-    weight = model.src_embed.weight
-    if not reads_rows_from_files() or not path.is_file() or weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return False
-    output = model.output_proj
-    tied_output = isinstance(output, Linear) and output.weight is model.tgt_embed.weight
-    if tied_output and output.packed_weight is None:
-        return False
-    changed = False
-    for name, embedding in embeddings.items():
-        offset = safetensors_offset(path, f"{name}.weight", tuple(embedding.weight.shape))
-        if offset is not None and isinstance(embedding, Embedding):
-            embedding.use_rows_from_file(path, offset)
-            changed = True
-    if tied_output and model.tgt_embed.rows is not None:
-        output.plain_weight_freed = True
-    return changed
-
-
-def safetensors_offset(path: Path, name: str, shape: tuple[int, ...]) -> int | None:
-    """The byte offset in `path` (a safetensors file, its header checked on load) of tensor `name`'s data
-    when it is stored with `shape` as little-endian float32 on a little-endian machine, else None."""
-    if sys.byteorder != "little":
-        return None
-    with open(path, "rb") as f:
-        (header_size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_size))
-    info = header.get(name)
-    if not isinstance(info, dict) or info.get("dtype") != "F32" or tuple(info.get("shape", ())) != shape:
-        return None
-    return 8 + header_size + int(info["data_offsets"][0])
