@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import lscpu_flags, lscpu_model, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import lscpu_model, table  # noqa: E402
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
@@ -81,7 +82,7 @@ def main() -> int:
                              f"{len(lines) / median:.1f}", f"{first / median:.2f}x"])
         del translators
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/ctranslate2_threads.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}; ctranslate2 {ctranslate2.__version__}\n")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}; ctranslate2 {ctranslate2.__version__}\n")
     print(table(["compute type", "beam", "setting", "median s", "lines/s", f"vs inter {settings[0][0]}, intra {settings[0][1]}"], rows))
     return 0
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import lscpu_flags, lscpu_model, percentile, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import lscpu_model, percentile, table  # noqa: E402
 
 from tfm_cli.allocator import keep_freed_memory  # noqa: E402
 from tfm_cli.checkpoints.format import load_model, read_checkpoint  # noqa: E402
@@ -152,7 +153,7 @@ def main() -> int:
             rows.append([f"CTranslate2 (intra_threads {threads})", threads, *latency_cells(ct2_seconds, ct2_tokens, len(timed)),
                          "", "", ""])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/serve_engine.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}")
     print(f"Decoding: the model's own (beam {decode.beam_size}, length penalty {decode.length_penalty})\n")
     print(table(["engine", "threads", "1-sentence request p50 ms", "p90 ms", "p99 ms", "output tokens per sentence",
                  f"{args.lines} one-sentence requests lines/s", "one translate_chunk lines/s", "engine / chunk"], rows))

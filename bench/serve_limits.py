@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import Server, lscpu_flags, lscpu_model, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import Server, lscpu_model, table  # noqa: E402
 
 MIB = 1024 * 1024
 CHUNK = 64 * 1024
@@ -132,7 +133,7 @@ def main() -> int:
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     out = [f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/serve_limits.py {shlex.join(sys.argv[1:])}`",
-           f"Machine: {lscpu_model()}; flags: {lscpu_flags()}", ""]
+           f"Machine: {lscpu_model()}; flags: {cpu_flags()}", ""]
     rows, checks = [], []
     with tempfile.TemporaryDirectory() as folder:
         server = Server(args, Path(folder), "limits", quiet=True)

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prepare_corpus import cpu_flags
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REQUEST_TIMEOUT_S = 120.0  # one request, connect to last byte
 STARTUP_TIMEOUT_S = 180.0
@@ -346,14 +348,6 @@ def table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def lscpu_flags() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "(lscpu not available)"
-    return next((line.strip() for line in out.splitlines() if line.startswith("Flags:")), "(no Flags line)")
-
-
 def lscpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
@@ -602,7 +596,7 @@ def main() -> int:
         f"## tfm serve under load, {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}\n",
         f"Command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`  ",
         f"CPU: {lscpu_model()}, {os.cpu_count()} logical CPUs; server and client on the same machine.  ",
-        f"`lscpu` {lscpu_flags()}  ",
+        f"`lscpu` flags: {cpu_flags()}  ",
         f"Model {args.model}, {len(lines)} source lines from {args.source}, tfm serve --threads {args.threads} {args.serve_options}".rstrip(),
     ]
     checks: list[tuple[str, bool]] = []

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import free_port, lscpu_flags, lscpu_model, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import free_port, lscpu_model, table  # noqa: E402
 
 
 def translate(port: int, source: str, text: str) -> float:
@@ -97,7 +98,7 @@ def main() -> int:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/serve_two_models.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}\n")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}\n")
     print(table(["first pair's one-sentence requests", "p50 ms"],
                 [[f"only the first model has translated ({args.requests} requests)", f"{alone:.1f}"],
                  [f"after the second model ({args.second_pair}) translated 10 lines", f"{after_second:.1f}"]]))

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prepare_corpus import cpu_flags  # noqa: E402
 from serve_load import (  # noqa: E402
-    Connection, Sentences, Server, Target, closed_loop, cpu_seconds, free_port, lscpu_flags, lscpu_model, ms,
+    Connection, Sentences, Server, Target, closed_loop, cpu_seconds, free_port, lscpu_model, ms,
     percentile, table, tfm_command,
 )
 
@@ -213,7 +214,7 @@ def main() -> int:
         finally:
             server.stop()
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/serve_vs_libretranslate.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}")
     print(f"Model: {checkpoint} (beam {beam}); {len(lines)} sentences of {args.source}, one per request; "
           f"LibreTranslate --threads {args.libretranslate_threads} {args.argos_env}; tfm serve --threads {args.threads} "
           f"{args.serve_options}".rstrip() + "\n")

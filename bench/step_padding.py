@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import lscpu_flags, lscpu_model, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import lscpu_model, table  # noqa: E402
 
 from tfm_cli.checkpoints.format import load_model  # noqa: E402
 from tfm_cli.inference import decoding  # noqa: E402
@@ -83,7 +84,7 @@ def main() -> int:
                          " / ".join(f"{s * 1000:.1f}" for s in medians[False]), f"{ratio:.2f}x",
                          "yes" if outputs[True] == outputs[False] else "NO"])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/step_padding.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}")
     print(f"{len(lines)} sentences, each translated alone, {args.dtype}; medians of each round, in order\n")
     print(table(["beam", "threads", f"padded to {decoding.MIN_STEP_ROWS} rows: ms per sentence",
                  "real rows: ms per sentence", "speed-up", "identical outputs"], rows))

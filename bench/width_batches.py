@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import lscpu_flags, lscpu_model, table  # noqa: E402
+from prepare_corpus import cpu_flags  # noqa: E402
+from serve_load import lscpu_model, table  # noqa: E402
 
 from tfm_cli.checkpoints.format import load_model  # noqa: E402
 from tfm_cli.config import DecodeConfig  # noqa: E402
@@ -108,7 +109,7 @@ def main() -> int:
                 f"{sum(split_tokens[i] == widest_tokens[i] for i in range(len(draw)))} of {len(draw)}",
             ])
     print(f"Date: {started:%Y-%m-%d %H:%M} UTC. Command: `python bench/width_batches.py {shlex.join(sys.argv[1:])}`")
-    print(f"Machine: {lscpu_model()}; flags: {lscpu_flags()}")
+    print(f"Machine: {lscpu_model()}; flags: {cpu_flags()}")
     print(f"Decoding: the model's own (beam {decode.beam_size}), float32, {args.threads} threads\n")
     print(table(["draw", "padded widths (width:sentences)", "one batch per width s", "one batch, widths apart (tfm) s",
                  "one batch at the widest s", "per width / tfm", "per width / widest", "best outputs as per width: tfm / widest"],
