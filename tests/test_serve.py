@@ -1,6 +1,7 @@
 """`tfm serve` as a real process: the official `deepl` and `libretranslatepy` clients against it, their
 results equal to `tfm translate`'s on the same model and settings, tfm's own endpoint, keys, limits and
-bad input, a full queue, a glossary across a restart, SIGTERM with a request in flight, and the web page at `/`
+bad input, a full queue, a glossary across a restart, SIGTERM with a request in flight, a checkpoint written over
+under the server, and the web page at `/`
 (served without a key; bench/serve_page.py drives it in a headless browser).
 
 One server serves the whole module (the same checkpoint as en-de and as de-en, so DeepL's EN-US has a
@@ -662,3 +663,36 @@ print(torch.get_num_threads())
     assert given == 2  # what the torch thread gets
     assert after == before  # the main thread ran torch without a team
     assert restored == 2  # the command's end gives the caller its threads back
+
+
+def test_a_checkpoint_written_over_under_the_server_is_a_503_and_health_asks_for_a_restart(model, keys_file, tmp_path):
+    # The server reads embedding rows from its checkpoint on first use; a file written over in place (as
+    # `cp new old` does) is the server's problem, not the request's: 503, /health 503, one log line.
+    import shutil
+    import struct
+
+    copy = tmp_path / "model.safetensors"
+    shutil.copyfile(model, copy)
+    server = Server(tmp_path / "server", copy, tmp_path / "data", keys_file)
+    try:
+        lines = sources(20)
+        status, answer = call(server, "POST", "/v2/translate", {"text": lines[:1], "target_lang": "DE"})
+        assert status == 200, answer
+        with open(copy, "r+b") as file:  # every tensor byte changed, the header and the length kept
+            (header_size,) = struct.unpack("<Q", file.read(8))
+            file.seek(8 + header_size)
+            data = bytes(byte ^ 0x55 for byte in file.read())
+            file.seek(8 + header_size)
+            file.write(data)
+        status, answer = call(server, "POST", "/v2/translate", {"text": lines[1:], "target_lang": "DE"})
+        assert status == 503, answer
+        assert "must be restarted" in answer["message"]
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"{server.url}/health", timeout=10)
+        assert health.value.code == 503
+        assert json.loads(health.value.read())["status"] == "restart needed"
+    finally:
+        server.stop()
+    log = server.stderr()
+    assert "the checkpoint changed on disk while its model was in use" in log
+    assert "Traceback" not in log

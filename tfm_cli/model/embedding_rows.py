@@ -10,7 +10,7 @@ from the checkpoint into it before its first lookup, so the process holds the ro
 Rows are read from the file opened at load. A checkpoint replaced by a new file (tfm and safetensors
 write a new file and rename it over the old) is not seen: the open file is still the old one. One written
 over in place (`cp new.safetensors model.safetensors`) is caught: each row's checksum is taken from the
-full table at load, and a row read back with another raises TfmError. A row's values are the file's bytes,
+full table at load, and a row read back with another raises ModelFileError. A row's values are the file's bytes,
 so lookups give the same bits as the full table.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tfm_cli.errors import TfmError
+from tfm_cli.errors import ModelFileError
 
 FLOAT32_BYTES = 4
 CHECKSUM_BLOCK_ROWS = 4096  # rows summed at a time: a 64-bit copy of one block, not of the table
@@ -74,7 +74,7 @@ class RowsFromFile:
         for first, last in consecutive_runs(missing.tolist()):
             self.read_rows(first, last)
         if not torch.equal(row_checksums(self.table[missing]), self.checksums[missing]):
-            raise TfmError(
+            raise ModelFileError(
                 f"{self.path}: the checkpoint changed on disk while its model was in use (its embedding rows no "
                 "longer match what was loaded); restart the command with the new file"
             )
@@ -87,11 +87,11 @@ class RowsFromFile:
         try:
             count = os.preadv(self.file.fileno(), [view], self.offset + start)
         except (OSError, ValueError) as error:  # a file system gone, the file closed
-            raise TfmError(f"{self.path}: cannot read the model's embedding rows from the checkpoint ({error})") from None
+            raise ModelFileError(f"{self.path}: cannot read the model's embedding rows from the checkpoint ({error})") from None
         finally:
             view.release()
         if count != end - start:
-            raise TfmError(f"{self.path}: the checkpoint is shorter than when it was loaded (it changed on disk)")
+            raise ModelFileError(f"{self.path}: the checkpoint is shorter than when it was loaded (it changed on disk)")
 
 
 def consecutive_runs(sorted_ids: list[int]) -> list[tuple[int, int]]:

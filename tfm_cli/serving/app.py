@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tfm_cli.errors import TfmError
+from tfm_cli.errors import ModelFileError, TfmError
 from tfm_cli.inference.markup import parse_markup
 from tfm_cli.inference.outputs import TranslatedLine
 from tfm_cli.inference.translation import json_record
@@ -86,6 +86,9 @@ class Service:
     # `Connection: close`, so a keep-alive client opens a new connection (refused) instead of sending
     # its next request on one the server is about to close (RFC 9112 section 9.6).
     stopping: Callable[[], bool] = lambda: False
+    # Set when a model's checkpoint changed on disk or became unreadable under the server: from then on
+    # /health answers 503, so a supervisor restarts the server on the new file.
+    model_file_failed: bool = False
 
     def model(self, source: str | None, target: str | None, source_field: str, target_field: str) -> ServedModel:
         try:
@@ -152,6 +155,11 @@ def endpoint(
             status = 429 if api == DEEPL else 503
             message = "Too many requests: the translation queue is full; retry later"
             return error_response(api, status, message, {"Retry-After": "1"})
+        except ModelFileError as error:  # the server's checkpoint, not the request
+            service.model_file_failed = True
+            service.log(f"error: {error}")
+            message = "the server's model file changed on disk or became unreadable since it was loaded; the server must be restarted"
+            return error_response(api, 503, message)
         except TfmError as error:  # settings the library refuses for this request
             return error_response(api, 400, str(error))
         except Exception:
@@ -391,8 +399,12 @@ def constrained_lines(fields: Fields, texts: list[str], listed: bool, split: boo
 
 
 async def health(request: Request) -> Response:
-    """GET /health: 200 once the models are loaded (they are before the server listens); never needs a key."""
+    """GET /health: 200 once the models are loaded (they are before the server listens), 503 once a model's
+    checkpoint changed on disk or became unreadable under the server; never needs a key."""
     service: Service = request.app.state.service
+    if service.model_file_failed:
+        message = "a model's checkpoint changed on disk or became unreadable; restart the server (its log says which)"
+        return JSONResponse({"status": "restart needed", "error": message}, status_code=503)
     return JSONResponse({
         "status": "ok",
         "models": [{"source": m.source, "target": m.target} for m in service.models],
