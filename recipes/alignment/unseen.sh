@@ -20,7 +20,7 @@ eflomal_runs="${EFLOMAL_RUNS:-12}"
 mkdir -p "$run/data" "$run/peers"
 export ALIGN_DATA="$run/data"
 
-echo "== 1/7 data: Multi30k train alone; no pair may hold a trial or test sentence" >&2
+echo "== 1/8 data: Multi30k train alone; no pair may hold a trial or test sentence" >&2
 cp "$m30k/train.en" "$m30k/train.fr" "$m30k/val.en" "$m30k/val.fr" "$ALIGN_DATA/"
 python - "$ALIGN_DATA" "$gold" "$trial" <<'EOF'
 import sys
@@ -35,7 +35,7 @@ for side in ("en", "fr"):
             sys.exit(f"{data / f'{split}.{side}'} holds {len(seen)} gold sentences; remove them and run again")
 EOF
 
-echo "== 2/7 eflomal on Multi30k alone, $eflomal_runs runs: the two candidate teachers" >&2
+echo "== 2/8 eflomal on Multi30k alone, $eflomal_runs runs: the two candidate teachers" >&2
 # The alignment recipe's teacher (the links at least 3 of 12 runs' intersections have) and the Multi30k
 # recipe's (at least 6 of 12 runs' grow-diag-final-and); the trial set picks one in step 5.
 run_files=()
@@ -53,7 +53,7 @@ teach() {  # NAME METHOD AT_LEAST
 teach intersection-vote intersection 3
 teach gdfa-vote grow-diag-final-and 6
 
-echo "== 3/7 train en-fr and fr-en on Multi30k alone" >&2
+echo "== 3/8 train en-fr and fr-en on Multi30k alone" >&2
 train() {
   local dir="$1"; shift
   if [ -f "$dir/train_state.safetensors" ]; then
@@ -67,7 +67,7 @@ train "$run/fr-en" \
   --set "data.train_src=$ALIGN_DATA/train.fr" --set "data.train_tgt=$ALIGN_DATA/train.en" \
   --set "data.valid_src=$ALIGN_DATA/val.fr" --set "data.valid_tgt=$ALIGN_DATA/val.en"
 
-echo "== 4/7 an aligner per model and teacher (train-aligner's defaults: 2% held out, early stopping)" >&2
+echo "== 4/8 an aligner per model and teacher (train-aligner's defaults: 2% held out, early stopping)" >&2
 for teacher in intersection-vote gdfa-vote; do
   for pair in en-fr fr-en; do
     src="${pair%-*}"; tgt="${pair#*-}"
@@ -95,7 +95,7 @@ score_modes() {  # GOLD_TALP OUT_PREFIX
     "grow-diag-final-and=$2.gdfa" "intersection=$2.intersection"
 }
 
-echo "== 5/7 the teacher, chosen on the trial set (mean AER of the four modes)" >&2
+echo "== 5/8 the teacher, chosen on the trial set (mean AER of the four modes)" >&2
 for teacher in intersection-vote gdfa-vote; do
   align_modes "$run/trial.$teacher" "$teacher" "$trial"
   score_modes "$trial/gold.talp" "$run/trial.$teacher" > "$run/trial.$teacher.aer"
@@ -114,14 +114,14 @@ EOF
 echo "$chosen" > "$run/chosen-teacher.txt"
 echo "chosen on the trial set: $chosen" >&2
 
-echo "== 6/7 the test set, once, with the chosen teacher's aligners; and the model's attention" >&2
+echo "== 6/8 the test set, once, with the chosen teacher's aligners; and the model's attention" >&2
 align_modes "$run/test.$chosen" "$chosen" "$gold"
 tfm align --threads "$threads" -m "$run/en-fr/checkpoint_last.safetensors" --src "$gold/gold.en" --tgt "$gold/gold.fr" \
   -o "$run/test.attention.en-fr"
 { score_modes "$gold/gold.talp" "$run/test.$chosen"
   python "$bench/alignment_aer.py" --gold "$gold/gold.talp" "attention-en-fr=$run/test.attention.en-fr"; } | tee "$run/test.aer"
 
-echo "== 7/7 the peer: eflomal with the test and trial sentences appended to its corpus, $eflomal_runs runs" >&2
+echo "== 7/8 the peer: eflomal with the test and trial sentences appended to its corpus, $eflomal_runs runs" >&2
 cat "$ALIGN_DATA/train.en" "$gold/gold.en" "$trial/gold.en" > "$run/peers/all.en"
 cat "$ALIGN_DATA/train.fr" "$gold/gold.fr" "$trial/gold.fr" > "$run/peers/all.fr"
 peer_files=()
@@ -135,3 +135,19 @@ done
 trial_lines=$(wc -l < "$trial/gold.en")
 python "$bench/eflomal_peers.py" --gold "$gold/gold.talp" --lines-after "$trial_lines" --at-least 3 "${peer_files[@]}" \
   | tee "$run/test.eflomal.aer"
+
+echo "== 8/8 the peer's other route: priors from its Multi30k runs (eflomal-makepriors), the test sentences aligned alone" >&2
+# eflomal still samples over the 447 sentences it aligns (their words, not their links); the priors carry
+# what each Multi30k run learnt.
+mkdir -p "$run/priors"
+prior_files=()
+for number in $(seq 1 "$eflomal_runs"); do
+  if [ ! -s "$run/priors/gold$number.rev" ]; then
+    eflomal-makepriors -s "$ALIGN_DATA/train.en" -t "$ALIGN_DATA/train.fr" -f "$ALIGN_DATA/eflomal$number.fwd" \
+      -r "$ALIGN_DATA/eflomal$number.rev" -p "$run/priors/run$number.priors"
+    eflomal-align -s "$gold/gold.en" -t "$gold/gold.fr" --priors "$run/priors/run$number.priors" \
+      -f "$run/priors/gold$number.fwd" -r "$run/priors/gold$number.rev" --overwrite
+  fi
+  prior_files+=("$run/priors/gold$number.fwd" "$run/priors/gold$number.rev")
+done
+python "$bench/eflomal_peers.py" --gold "$gold/gold.talp" --at-least 3 "${prior_files[@]}" | tee "$run/test.eflomal-priors.aer"
