@@ -11,6 +11,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bench="$here/../../bench"
+. "$here/models.sh"
 m30k="${1:?give the Multi30k en-fr folder first}"
 gold="${2:?give the gold folder second}"
 run="${3:-runs/alignment}"
@@ -43,18 +44,7 @@ python "$here/symmetrize.py" "${run_files[@]}" --method intersection --at-least 
 
 echo "== 3/6 train en-fr and fr-en (plain translation models)" >&2
 # A run already in RUN_DIR is resumed: an interrupted one continues, a finished one is kept as it is.
-train() {
-  local dir="$1"; shift
-  if [ -f "$dir/train_state.safetensors" ]; then
-    tfm train --run "$dir" --resume --threads "$threads"
-  else
-    tfm train "$here/en-fr.toml" --run "$dir" --threads "$threads" "$@"
-  fi
-}
-train "$run/en-fr"
-train "$run/fr-en" \
-  --set "data.train_src=$ALIGN_DATA/train.fr" --set "data.train_tgt=$ALIGN_DATA/train.en" \
-  --set "data.valid_src=$ALIGN_DATA/val.fr" --set "data.valid_tgt=$ALIGN_DATA/val.en"
+train_both_directions "$run"
 
 echo "== 4/6 an aligner for each model, learnt from eflomal's links; the pairs to align weigh 10 times" >&2
 # The sentences to align are parliament text among image captions: given 10 times, their batches are

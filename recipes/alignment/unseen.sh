@@ -11,6 +11,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bench="$here/../../bench"
+. "$here/models.sh"
 m30k="${1:?give the Multi30k en-fr folder first}"
 gold="${2:?give the test gold folder second}"
 trial="${3:?give the trial gold folder third}"
@@ -38,14 +39,18 @@ EOF
 echo "== 2/8 eflomal on Multi30k alone, $eflomal_runs runs: the two candidate teachers" >&2
 # The alignment recipe's teacher (the links at least 3 of 12 runs' intersections have) and the Multi30k
 # recipe's (at least 6 of 12 runs' grow-diag-final-and); the trial set picks one in step 5.
-run_files=()
-for number in $(seq 1 "$eflomal_runs"); do
-  if [ ! -s "$ALIGN_DATA/eflomal$number.rev" ]; then
-    eflomal-align -s "$ALIGN_DATA/train.en" -t "$ALIGN_DATA/train.fr" \
-      -f "$ALIGN_DATA/eflomal$number.fwd" -r "$ALIGN_DATA/eflomal$number.rev" --overwrite
-  fi
-  run_files+=("$ALIGN_DATA/eflomal$number.fwd" "$ALIGN_DATA/eflomal$number.rev")
-done
+# eflomal_runs EN FR FOLDER: $eflomal_runs runs of eflomal on EN/FR, FOLDER/eflomalN.{fwd,rev} (those done are
+# kept), and their file names in the array run_files, forward and reverse of each run in turn.
+eflomal_runs() {
+  run_files=()
+  for number in $(seq 1 "$eflomal_runs"); do
+    if [ ! -s "$3/eflomal$number.rev" ]; then
+      eflomal-align -s "$1" -t "$2" -f "$3/eflomal$number.fwd" -r "$3/eflomal$number.rev" --overwrite
+    fi
+    run_files+=("$3/eflomal$number.fwd" "$3/eflomal$number.rev")
+  done
+}
+eflomal_runs "$ALIGN_DATA/train.en" "$ALIGN_DATA/train.fr" "$ALIGN_DATA"
 teach() {  # NAME METHOD AT_LEAST
   python "$here/symmetrize.py" "${run_files[@]}" --method "$2" --at-least "$3" > "$ALIGN_DATA/$1.en-fr"
   python "$here/symmetrize.py" "${run_files[@]}" --method "$2" --at-least "$3" --transpose > "$ALIGN_DATA/$1.fr-en"
@@ -54,18 +59,7 @@ teach intersection-vote intersection 3
 teach gdfa-vote grow-diag-final-and 6
 
 echo "== 3/8 train en-fr and fr-en on Multi30k alone" >&2
-train() {
-  local dir="$1"; shift
-  if [ -f "$dir/train_state.safetensors" ]; then
-    tfm train --run "$dir" --resume --threads "$threads"
-  else
-    tfm train "$here/en-fr.toml" --run "$dir" --threads "$threads" "$@"
-  fi
-}
-train "$run/en-fr"
-train "$run/fr-en" \
-  --set "data.train_src=$ALIGN_DATA/train.fr" --set "data.train_tgt=$ALIGN_DATA/train.en" \
-  --set "data.valid_src=$ALIGN_DATA/val.fr" --set "data.valid_tgt=$ALIGN_DATA/val.en"
+train_both_directions "$run"
 
 echo "== 4/8 an aligner per model and teacher (train-aligner's defaults: 2% held out, early stopping)" >&2
 for teacher in intersection-vote gdfa-vote; do
@@ -124,14 +118,8 @@ tfm align --threads "$threads" -m "$run/en-fr/checkpoint_last.safetensors" --src
 echo "== 7/8 the peer: eflomal with the test and trial sentences appended to its corpus, $eflomal_runs runs" >&2
 cat "$ALIGN_DATA/train.en" "$gold/gold.en" "$trial/gold.en" > "$run/peers/all.en"
 cat "$ALIGN_DATA/train.fr" "$gold/gold.fr" "$trial/gold.fr" > "$run/peers/all.fr"
-peer_files=()
-for number in $(seq 1 "$eflomal_runs"); do
-  if [ ! -s "$run/peers/eflomal$number.rev" ]; then
-    eflomal-align -s "$run/peers/all.en" -t "$run/peers/all.fr" \
-      -f "$run/peers/eflomal$number.fwd" -r "$run/peers/eflomal$number.rev" --overwrite
-  fi
-  peer_files+=("$run/peers/eflomal$number.fwd" "$run/peers/eflomal$number.rev")
-done
+eflomal_runs "$run/peers/all.en" "$run/peers/all.fr" "$run/peers"
+peer_files=("${run_files[@]}")
 trial_lines=$(wc -l < "$trial/gold.en")
 python "$bench/eflomal_peers.py" --gold "$gold/gold.talp" --lines-after "$trial_lines" --at-least 3 "${peer_files[@]}" \
   | tee "$run/test.eflomal.aer"
